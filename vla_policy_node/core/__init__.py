@@ -1,0 +1,1 @@
+"""The ROS-free core: models, prefix cache, runtime, preprocessing, chunk scheduling, safety."""

@@ -1,0 +1,74 @@
+"""Attention kernels and the mask rules of prefix/suffix VLAs.
+
+Two backends compute the same thing: ``eager`` (float32 scores, exactly what
+LeRobot and openpi do) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``,
+faster, fused on GPU). Masks are additive float tensors built once per pass:
+boolean masks through SDPA turn fully masked rows (padding queries) into NaN,
+which then leak into every later layer through the padded keys' values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BACKENDS = ("eager", "sdpa")
+
+
+def make_att_2d_masks(pad_masks: Tensor, att_masks: Tensor) -> Tensor:
+    """Big-vision attention rule from a pad mask and a cumulative "ar" mask.
+
+    ``pad_masks`` (B, L) bool: True = real token. ``att_masks`` (B, L) int/bool:
+    a token may attend to every token whose cumulative ar-count is <= its own.
+    Examples (one row per ar-mask):
+      [0 0 0 1 1 1]  prefix-LM: three tokens attend to each other, the last three are causal
+      [1 1 1 1 1 1]  purely causal
+      [0 0 0 0 0 0]  full bidirectional attention
+      [0 0 0 1 0 0]  two blocks: the first three see each other, the last three see everything
+    Returns (B, L, L) bool, True = may attend.
+    """
+    if att_masks.dim() != 2 or pad_masks.dim() != 2 or att_masks.shape != pad_masks.shape:
+        raise ValueError(f"masks must both be (B, L), got {tuple(pad_masks.shape)} and {tuple(att_masks.shape)}")
+    cumsum = torch.cumsum(att_masks.long(), dim=1)
+    att_2d = cumsum[:, None, :] <= cumsum[:, :, None]
+    pad_2d = pad_masks[:, None, :] & pad_masks[:, :, None]
+    return att_2d & pad_2d
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, Lq, Lk) bool -> (B, 1, Lq, Lk) float: 0 where allowed, the dtype's minimum elsewhere."""
+    neg = torch.finfo(dtype).min
+    return torch.where(allowed, 0.0, neg).to(dtype)[:, None]
+
+
+def repeat_kv(states: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, L, D) -> (B, H_kv * n_rep, L, D) for grouped-query attention."""
+    if n_rep == 1:
+        return states
+    b, h, L, d = states.shape
+    return states[:, :, None].expand(b, h, n_rep, L, d).reshape(b, h * n_rep, L, d)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdpa",
+              scale: float | None = None) -> Tensor:
+    """Grouped-query attention.
+
+    q (B, H, Lq, D); k, v (B, H_kv, Lk, D); mask (B, 1, Lq, Lk) additive float
+    (see ``additive_mask``). Returns (B, H, Lq, D) in v's dtype.
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if backend == "sdpa":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale,
+                                             enable_gqa=n_rep > 1)
+        return out
+    if backend != "eager":
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    k = repeat_kv(k, n_rep)
+    v = repeat_kv(v, n_rep)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)

@@ -1,0 +1,192 @@
+"""Transformer building blocks shared by every family: norms, MLP, attention, decoder layer.
+
+Parameter names follow the Hugging Face / LeRobot checkpoints (``self_attn.q_proj``,
+``mlp.gate_proj``, ``input_layernorm``) so weights load by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import attention
+from .prefix_cache import VLAPrefixCache
+from .rope import apply_rope
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32. ``offset=1`` gives Gemma's ``x_hat * (1 + w)``, 0 gives Llama's ``w * x_hat``."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (self.offset + self.weight.float())).to(x.dtype), None
+
+
+class AdaRMSNorm(nn.Module):
+    """Adaptive RMSNorm (pi0.5 expert): scale, shift and a residual gate from a condition vector.
+
+    ``dense`` maps cond (B, C) to (B, 3*dim) = [scale, shift, gate]; the norm
+    returns ``x_hat * (1 + scale) + shift`` and the gate for the residual.
+    """
+
+    def __init__(self, dim: int, cond_dim: int, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cond_dim, 3 * dim, bias=True)
+        self.eps = eps
+
+    def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        if cond is None:
+            raise ValueError("AdaRMSNorm needs a condition vector")
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        scale, shift, gate = self.dense(cond)[:, None].chunk(3, dim=-1)   # each (B, 1, dim)
+        normed = normed * (1 + scale.float()) + shift.float()
+        return normed.to(x.dtype), gate.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))``: SwiGLU (Llama) or GeGLU-tanh (Gemma)."""
+
+    def __init__(self, dim: int, hidden: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class AttentionProjections(nn.Module):
+    """q/k/v/o projections of grouped-query attention; heads split to (B, H, L, D)."""
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 kv_in_dim: Optional[int] = None, bias: bool = False) -> None:
+        super().__init__()
+        kv_in = dim if kv_in_dim is None else kv_in_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(kv_in, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(kv_in, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+
+    @staticmethod
+    def split(x: Tensor, heads: int) -> Tensor:
+        """(B, L, H*D) -> (B, H, L, D)."""
+        b, L, _ = x.shape
+        return x.view(b, L, heads, -1).transpose(1, 2)
+
+    def q(self, x: Tensor) -> Tensor:
+        return self.split(self.q_proj(x), self.num_heads)
+
+    def kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split(self.k_proj(x), self.num_kv_heads), self.split(self.v_proj(x), self.num_kv_heads)
+
+    def out(self, o: Tensor) -> Tensor:
+        """(B, H, L, D) -> (B, L, dim)."""
+        b, h, L, d = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(b, L, h * d))
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Sizes and flavour of one decoder stack (VLM text model or action expert)."""
+
+    width: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_width: int
+    act: str = "silu"
+    norm_eps: float = 1e-5
+    norm_offset: float = 0.0        # 1.0 for Gemma's (1 + w) RMSNorm
+    adaptive_norm_dim: int = 0      # > 0: adaRMS norms conditioned on a vector of this width (pi0.5)
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("width", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_width"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DecoderSpec.{name} must be > 0, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {self.act!r}; choose one of {sorted(ACTIVATIONS)}")
+
+
+def make_norm(spec: DecoderSpec, dim: Optional[int] = None) -> nn.Module:
+    dim = spec.width if dim is None else dim
+    if spec.adaptive_norm_dim:
+        return AdaRMSNorm(dim, spec.adaptive_norm_dim, spec.norm_eps)
+    return RMSNorm(dim, spec.norm_eps, spec.norm_offset)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer whose self-attention goes through the prefix cache.
+
+    While the cache fills (prefix pass), ``cache.update`` stores this layer's
+    K/V; once frozen (denoising), it returns [prefix; suffix] K/V, so the same
+    code serves the VLM prefix pass and a joint-attention expert.
+    """
+
+    def __init__(self, spec: DecoderSpec, kv_in_dim: Optional[int] = None) -> None:
+        super().__init__()
+        self.input_layernorm = make_norm(spec)
+        self.self_attn = AttentionProjections(spec.width, spec.num_heads, spec.num_kv_heads,
+                                              spec.head_dim, kv_in_dim)
+        self.post_attention_layernorm = make_norm(spec)
+        self.mlp = GatedMLP(spec.width, spec.mlp_width, spec.act)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: VLAPrefixCache,
+                layer_idx: int, backend: str, cond: Optional[Tensor] = None) -> Tensor:
+        x = self.attention_block(x, rope, mask, cache, layer_idx, backend, cond)
+        return self.mlp_block(x, cond)
+
+    def attention_block(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: VLAPrefixCache,
+                        layer_idx: int, backend: str, cond: Optional[Tensor] = None) -> Tensor:
+        """Residual self-attention; the last VLM layer of a prefix pass needs only this half."""
+        h, gate = self.input_layernorm(x, cond)
+        q = apply_rope(self.self_attn.q(h), *rope)
+        k, v = self.self_attn.kv(h)
+        k = apply_rope(k, *rope)
+        k, v = cache.update(k, v, layer_idx)
+        return gated_residual(x, self.self_attn.out(attention(q, k, v, mask, backend)), gate)
+
+    def mlp_block(self, x: Tensor, cond: Optional[Tensor] = None) -> Tensor:
+        h, gate = self.post_attention_layernorm(x, cond)
+        return gated_residual(x, self.mlp(h), gate)
+
+
+def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
+    return x + y if gate is None else x + y * gate
+
+
+def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
+    """Sin/cos embedding of flow time t (N,) -> (N, dim), float32.
+
+    Computed in float64 from the float32 t, as LeRobot does; float32 angles
+    cost up to 1e-4 in the actions for small ``min_period``.
+    """
+    if dim % 2:
+        raise ValueError(f"time embedding width must be even, got {dim}")
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = (2 * torch.pi / period)[None, :] * t.to(torch.float64)[:, None]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)

@@ -1,0 +1,1 @@
+"""Model families (SmolVLA, pi0, pi0.5) built on the shared blocks in ``vla_policy_node.core``."""

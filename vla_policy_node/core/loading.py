@@ -1,0 +1,116 @@
+"""load_policy / build_tiny_policy: a checkpoint folder (or the tiny config) -> a ready ``Policy``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import checkpoint as ckpt
+from .blocks import DecoderSpec
+from .families import smolvla
+from .normalization import Normalizer
+from .policy import Policy, cast_model, resolve_device, resolve_dtype
+from .preprocessing import Preprocessor, camera_key, newline_prompt
+from .tokenizer import ByteTokenizer, TextTokenizer, resolve_tokenizer
+from .vision import VisionSpec
+from .weights import load_weights, prefix_key_map
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
+                allowed_roots: Sequence[str | Path] = (), attention_backend: str = "sdpa",
+                seed: int = 0) -> Policy:
+    """Load a LeRobot (or openpi) checkpoint folder; the family is read from its config."""
+    folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
+    config = ckpt.read_json(ckpt.inside(folder, "config.json"))
+    family = config.get("type")
+    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla}
+    if family not in builders:
+        raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
+                                   f"supported: {sorted(builders)}")
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
+    policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed)
+    log.info("loaded %s", policy.describe())
+    return policy
+
+
+def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
+             seed: int) -> Policy:
+    vlm_name = config.get("vlm_model_name", "")
+    vlm_dir = ckpt.inside(folder, vlm_name) if not Path(vlm_name).is_absolute() else Path(vlm_name)
+    if (vlm_dir / "config.json").is_file():
+        vlm_cfg = ckpt.read_json(vlm_dir / "config.json")
+    elif vlm_name in smolvla.KNOWN_VLMS:
+        vlm_cfg = smolvla.KNOWN_VLMS[vlm_name]
+    else:
+        raise ckpt.CheckpointError(f"SmolVLA backbone config {vlm_name!r} not found at {vlm_dir}/config.json")
+    cfg = smolvla.SmolVLAConfig.from_lerobot(config, vlm_cfg)
+    model = smolvla.SmolVLA(cfg, backend)
+    load_weights(model, ckpt.weights_file(folder), prefix_key_map(smolvla.key_rules()))
+    tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    tok_name = tok_cfg.get("tokenizer_name", vlm_name)
+    tokenizer = TextTokenizer(resolve_tokenizer(tok_name, folder))
+    state_norm, action_norm = ckpt.lerobot_normalizers(folder)
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_pad_value=0.0,
+        tokenizer=tokenizer, max_length=tok_cfg.get("max_length", cfg.tokenizer_max_length),
+        padding=tok_cfg.get("padding", cfg.pad_language_to), prompt=newline_prompt,
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
+    return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed)
+
+
+def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,
+                        num_steps: int) -> smolvla.SmolVLAConfig:
+    """A SmolVLA small enough for CPU tests: 4 tokens per camera, 4 VLM and 4 expert layers."""
+    text = DecoderSpec(width=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_width=128)
+    return smolvla.SmolVLAConfig(
+        text=text,
+        expert=DecoderSpec(width=48, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_width=128),
+        vision=VisionSpec(image_size=32, patch_size=8, width=32, num_layers=2, num_heads=2, mlp_width=64),
+        vocab_size=ByteTokenizer.vocab_size, scale_factor=2, chunk_size=chunk_size, max_state_dim=32,
+        max_action_dim=32, num_steps=num_steps, self_attn_every_n_layers=2, image_size=(32, 32),
+        tokenizer_max_length=32, pad_language_to="max_length",
+        camera_names=tuple(camera_key(c) for c in camera_names), state_dim=state_dim, action_dim=action_dim)
+
+
+def init_weights(model: nn.Module, generator: torch.Generator) -> None:
+    """N(0, 0.02) for linear, conv and embedding weights, zero biases; norms keep their ones."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            with torch.no_grad():
+                module.weight.normal_(0.0, 0.02, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int = 6, action_dim: int = 6,
+                      chunk_size: int = 16, num_steps: int = 5, device: str = "cpu", dtype: str = "float32",
+                      seed: int = 0, attention_backend: str = "sdpa") -> Policy:
+    """The random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
+    if not camera_names:
+        raise ValueError("the tiny policy needs at least one camera")
+    cfg = tiny_smolvla_config(camera_names, state_dim, action_dim, chunk_size, num_steps)
+    model = smolvla.SmolVLA(cfg, attention_backend)
+    init_weights(model, torch.Generator().manual_seed(seed))
+    identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_pad_value=0.0,
+        tokenizer=ByteTokenizer(), max_length=cfg.tokenizer_max_length, padding=cfg.pad_language_to,
+        prompt=newline_prompt, state_normalizer=Normalizer("MEAN_STD", identity),
+        state_dim=state_dim, max_state_dim=cfg.max_state_dim)
+    action_norm = Normalizer("MEAN_STD", {"mean": np.zeros(action_dim, np.float32),
+                                          "std": np.ones(action_dim, np.float32)})
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
+    return Policy("tiny", cast_model(model, torch_device, resolve_dtype(dtype)), pre, action_norm, action_dim,
+                  num_steps, torch_device, seed)

@@ -1,0 +1,83 @@
+"""State/action (un)normalization from LeRobot or openpi statistics.
+
+Modes follow LeRobot's ``NormalizerProcessorStep``: MEAN_STD, MIN_MAX,
+QUANTILES (q01/q99), QUANTILE10 (q10/q90) and IDENTITY. Statistics are
+checked strictly: a missing statistic or a length that differs from the
+feature's is an error at load time, not a silent broadcast at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_STATS_FOR_MODE = {
+    "IDENTITY": (),
+    "MEAN_STD": ("mean", "std"),
+    "MIN_MAX": ("min", "max"),
+    "QUANTILES": ("q01", "q99"),
+    "QUANTILE10": ("q10", "q90"),
+}
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Maps one feature (state or action) to and from the model's normalized space."""
+
+    mode: str
+    stats: dict[str, np.ndarray]
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.mode not in _STATS_FOR_MODE:
+            raise ValueError(f"unknown normalization mode {self.mode!r}; known: {sorted(_STATS_FOR_MODE)}")
+        needed = _STATS_FOR_MODE[self.mode]
+        missing = [k for k in needed if k not in self.stats]
+        if missing:
+            raise ValueError(f"{self.mode} normalization needs statistics {missing}; have {sorted(self.stats)}")
+        sizes = {np.asarray(self.stats[k]).shape for k in needed}
+        if len(sizes) > 1:
+            raise ValueError(f"{self.mode} statistics have different shapes: {sorted(sizes)}")
+        for k in needed:
+            if not np.all(np.isfinite(self.stats[k])):
+                raise ValueError(f"normalization statistic {k!r} holds non-finite values")
+
+    @property
+    def dim(self) -> int | None:
+        needed = _STATS_FOR_MODE[self.mode]
+        return None if not needed else int(np.asarray(self.stats[needed[0]]).shape[-1])
+
+    def _low_span(self) -> tuple[np.ndarray, np.ndarray]:
+        lo_key, hi_key = _STATS_FOR_MODE[self.mode]
+        lo = np.asarray(self.stats[lo_key], dtype=np.float32)
+        span = np.asarray(self.stats[hi_key], dtype=np.float32) - lo
+        return lo, np.where(span == 0, np.float32(self.eps), span).astype(np.float32)
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        """Raw robot units (..., D) -> normalized (..., D), float32."""
+        x = np.asarray(x, dtype=np.float32)
+        self._check(x)
+        if self.mode == "IDENTITY":
+            return x
+        if self.mode == "MEAN_STD":
+            mean = np.asarray(self.stats["mean"], dtype=np.float32)
+            std = np.asarray(self.stats["std"], dtype=np.float32)
+            return (x - mean) / (std + np.float32(self.eps))
+        lo, span = self._low_span()
+        return np.float32(2.0) * (x - lo) / span - np.float32(1.0)
+
+    def unnormalize(self, x: np.ndarray) -> np.ndarray:
+        """Normalized (..., D) -> raw robot units (..., D), float32."""
+        x = np.asarray(x, dtype=np.float32)
+        self._check(x)
+        if self.mode == "IDENTITY":
+            return x
+        if self.mode == "MEAN_STD":
+            return x * np.asarray(self.stats["std"], np.float32) + np.asarray(self.stats["mean"], np.float32)
+        lo, span = self._low_span()
+        return (x + np.float32(1.0)) * span / np.float32(2.0) + lo
+
+    def _check(self, x: np.ndarray) -> None:
+        if self.dim is not None and x.shape[-1] != self.dim:
+            raise ValueError(f"feature has {x.shape[-1]} values but the {self.mode} statistics have {self.dim}")

@@ -1,0 +1,119 @@
+"""Policy: raw observation -> preprocessing -> PolicyRuntime -> un-normalized action chunk."""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .blocks import AdaRMSNorm, RMSNorm
+from .normalization import Normalizer
+from .preprocessing import Preprocessor
+from .runtime import PolicyRuntime
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> tuple[torch.device, Optional[str]]:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> device, plus a message when falling back to the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu"), None
+    if name == "cpu":
+        return torch.device("cpu"), None
+    if name == "cuda" or name.startswith("cuda:"):
+        index = int(name.split(":", 1)[1]) if ":" in name else 0
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            return torch.device(name), None
+        return torch.device("cpu"), f"device {name!r} is not available (no CUDA GPU); running on the CPU"
+    raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def cast_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """Move to device/dtype, keeping norms and the family's sensitive modules in float32."""
+    model.to(device=device, dtype=dtype)
+    if dtype != torch.float32:
+        for name in getattr(model, "FLOAT32_MODULES", ()):
+            model.get_submodule(name).float()
+        for module in model.modules():
+            if isinstance(module, (RMSNorm, AdaRMSNorm)):
+                module.float()
+    return model.eval()
+
+
+class Policy:
+    """A loaded VLA policy: what the node, the benchmark and the tests drive."""
+
+    def __init__(self, family: str, model: nn.Module, preprocessor: Preprocessor, action_normalizer: Normalizer,
+                 action_dim: int, num_steps: int, device: torch.device, seed: int = 0) -> None:
+        self.family = family
+        self.model = model
+        self.preprocessor = preprocessor
+        self.action_normalizer = action_normalizer
+        self.action_dim = action_dim
+        self.device = device
+        self.dtype = next(model.parameters()).dtype
+        self.runtime = PolicyRuntime(model, num_steps, device)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    camera_names = property(lambda self: self.preprocessor.camera_names)
+    state_dim = property(lambda self: self.preprocessor.state_dim)
+    chunk_size = property(lambda self: self.model.chunk_size)
+    num_steps = property(lambda self: self.runtime.num_steps)
+    stats = property(lambda self: self.runtime.stats)
+
+    def predict_action_chunk(self, observation: Mapping, noise: Optional[np.ndarray] = None,
+                             guide=None) -> np.ndarray:
+        """Observation -> un-normalized actions (B, chunk_size, action_dim), float32.
+
+        ``noise`` (B, chunk_size, max_action_dim) makes the result deterministic;
+        ``guide`` wraps the velocity function (real-time chunking).
+        """
+        t0 = time.perf_counter()
+        inputs = self.preprocessor(observation).to(self.device, self.dtype)
+        b = inputs.batch_size
+        shape = (b, self.model.chunk_size, self.model.max_action_dim)
+        if noise is None:
+            x1 = torch.randn(shape, generator=self.generator)
+        else:
+            x1 = torch.as_tensor(np.asarray(noise, dtype=np.float32))
+            if tuple(x1.shape) != shape:
+                raise ValueError(f"noise must have shape {shape}, got {tuple(x1.shape)}")
+        t1 = time.perf_counter()
+        self.stats.record("preprocess", t1 - t0)
+        actions = self.runtime.sample(inputs, x1, guide)
+        t2 = time.perf_counter()
+        out = self.action_normalizer.unnormalize(actions[..., :self.action_dim].float().cpu().numpy())
+        t3 = time.perf_counter()
+        self.stats.record("postprocess", t3 - t2)
+        self.stats.record("total", t3 - t0)
+        return out
+
+    def reset(self) -> None:
+        """Episode boundary: drop the prefix cache."""
+        self.runtime.reset()
+
+    def warmup(self, observation: Mapping) -> None:
+        """One inference on a representative observation, before the node reports ready."""
+        self.predict_action_chunk(observation)
+
+    def dummy_observation(self) -> dict:
+        """A valid observation of this policy's shapes (grey frames, zero state)."""
+        h, w = self.preprocessor.image_size
+        return {"images": {n: np.full((h, w, 3), 127, np.uint8) for n in self.camera_names},
+                "state": np.zeros(self.state_dim, np.float32), "task": "warm up"}
+
+    def describe(self) -> str:
+        n = sum(p.numel() for p in self.model.parameters())
+        nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return (f"{self.family} policy: {n / 1e6:.2f} M parameters, {nbytes / 2**20:.1f} MiB of weights, "
+                f"{len(self.camera_names)} cameras, state {self.state_dim}, action {self.action_dim}, "
+                f"chunk {self.chunk_size}, {self.num_steps} steps, {self.device} {str(self.dtype)[6:]}")

@@ -1,0 +1,135 @@
+"""Inference-only preprocessing: camera frames, prompt tokens and state -> ``ModelInputs``.
+
+No augmentation and no guessing of channel layout: frames are uint8 RGB
+``(H, W, 3)`` (or ``(B, H, W, 3)``), as the ROS conversion produces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .normalization import Normalizer
+from .types import ModelInputs
+
+IMAGE_PREFIX = "observation.images."
+MAX_TASK_CHARS = 4096
+
+PromptFn = Callable[[str, Optional[np.ndarray]], str]
+"""(task, normalized state (max_state_dim,) or None) -> the text the tokenizer sees."""
+
+
+def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float) -> Tensor:
+    """Keep aspect ratio, bilinear resize (no antialias), pad on the left and top.
+
+    img (B, C, H, W) float in [0, 1] -> (B, C, height, width). LeRobot's SmolVLA and
+    pi0 do exactly this; the pad value is in the same [0, 1] space.
+    """
+    cur_h, cur_w = img.shape[-2:]
+    ratio = max(cur_w / width, cur_h / height)
+    new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
+    if (new_h, new_w) != (cur_h, cur_w):
+        img = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False)
+    return F.pad(img, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
+
+
+def camera_key(name: str) -> str:
+    """Accept the short camera name ("top") as well as the feature name."""
+    return name if name.startswith(IMAGE_PREFIX) else IMAGE_PREFIX + name
+
+
+def newline_prompt(task: str, state: Optional[np.ndarray]) -> str:
+    """SmolVLA / pi0 prompt: the task, ending in a newline."""
+    return task if task.endswith("\n") else task + "\n"
+
+
+@dataclass
+class Preprocessor:
+    """Observation dict -> ``ModelInputs`` for one family and checkpoint."""
+
+    camera_names: tuple[str, ...]           # feature names, model order
+    image_size: tuple[int, int]             # (height, width) at the model
+    image_pad_value: float                  # in [0, 1] space, before the [-1, 1] mapping
+    tokenizer: Callable[[Sequence[str], int, str], tuple[np.ndarray, np.ndarray]]
+    max_length: int
+    padding: str
+    prompt: PromptFn
+    state_normalizer: Normalizer
+    state_dim: int
+    max_state_dim: int
+    state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
+
+    def __call__(self, observation: Mapping) -> ModelInputs:
+        images, batch = self._images(observation.get("images"))
+        state = self._state(observation.get("state"), batch)
+        tasks = self._tasks(observation.get("task"), batch)
+        padded = np.zeros((batch, self.max_state_dim), dtype=np.float32)
+        padded[:, :self.state_dim] = self.state_normalizer.normalize(state)
+        prompts = [self.prompt(t, padded[i]) for i, t in enumerate(tasks)]
+        ids, mask = self.tokenizer(prompts, self.max_length, self.padding)
+        return ModelInputs(
+            images=[im for im, _ in images],
+            image_masks=[m for _, m in images],
+            tokens=torch.from_numpy(ids),
+            token_mask=torch.from_numpy(mask),
+            state=torch.from_numpy(padded) if self.state_in_prefix else None,
+        )
+
+    def _images(self, images: Optional[Mapping]) -> tuple[list[tuple[Tensor, Tensor]], int]:
+        if not isinstance(images, Mapping):
+            raise ValueError("observation['images'] must map camera names to uint8 (H, W, 3) arrays")
+        given = {camera_key(k): np.asarray(v) for k, v in images.items()}
+        unknown = sorted(set(given) - set(self.camera_names))
+        if unknown:
+            raise ValueError(f"unknown cameras {unknown}; the policy expects {list(self.camera_names)}")
+        if not given:
+            raise ValueError(f"no camera image; the policy expects {list(self.camera_names)}")
+        batches = set()
+        for name, arr in given.items():
+            if arr.dtype != np.uint8 or arr.ndim not in (3, 4) or arr.shape[-1] != 3 or 0 in arr.shape:
+                raise ValueError(f"camera {name}: expected uint8 (H, W, 3) or (B, H, W, 3), "
+                                 f"got {arr.dtype} {arr.shape}")
+            batches.add(1 if arr.ndim == 3 else arr.shape[0])
+        if len(batches) != 1:
+            raise ValueError(f"cameras disagree on the batch size: {sorted(batches)}")
+        batch = batches.pop()
+        h, w = self.image_size
+        out = []
+        for name in self.camera_names:
+            if name not in given:       # masked: its tokens are excluded from attention
+                out.append((torch.full((batch, 3, h, w), -1.0), torch.zeros(batch, dtype=torch.bool)))
+                continue
+            arr = given[name] if given[name].ndim == 4 else given[name][None]
+            img = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / 255.0
+            img = resize_with_pad(img, h, w, self.image_pad_value) * 2.0 - 1.0
+            out.append((img, torch.ones(batch, dtype=torch.bool)))
+        return out, batch
+
+    def _state(self, state: object, batch: int) -> np.ndarray:
+        if state is None:
+            raise ValueError("observation['state'] is missing")
+        arr = np.asarray(state, dtype=np.float64)
+        arr = arr[None] if arr.ndim == 1 else arr
+        if arr.shape != (batch, self.state_dim):
+            raise ValueError(f"state must be ({self.state_dim},) or ({batch}, {self.state_dim}), "
+                             f"got {np.shape(state)}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("state holds non-finite values")
+        return arr.astype(np.float32)
+
+    def _tasks(self, task: Union[str, Sequence[str], None], batch: int) -> list[str]:
+        tasks = [task] * batch if isinstance(task, str) else list(task or [])
+        if len(tasks) != batch or not all(isinstance(t, str) for t in tasks):
+            raise ValueError(f"task must be a str or a list of {batch} str")
+        for t in tasks:
+            if not t.strip():
+                raise ValueError("task is empty")
+            if len(t) > MAX_TASK_CHARS:
+                raise ValueError(f"task is {len(t)} characters; the limit is {MAX_TASK_CHARS}")
+        # Lone surrogates cannot be encoded to UTF-8; replace them rather than fail in the tokenizer.
+        return [t.encode("utf-8", "replace").decode("utf-8") for t in tasks]

@@ -1,0 +1,140 @@
+"""PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
+
+The runtime owns the prefix cache and the counters the node reports. A
+family model provides three methods (see ``FlowMatchingVLA``); the runtime
+never looks inside them, so every family gets the same prefix-once guarantee.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .flow import VelocityFn, euler_integrate, euler_schedule
+from .prefix_cache import PrefixContext, VLAPrefixCache
+from .types import ModelInputs
+
+STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
+
+
+class FlowMatchingVLA(Protocol):
+    """What a model family implements."""
+
+    num_cache_layers: int      # layers whose K/V the prefix pass caches
+    chunk_size: int
+    max_action_dim: int
+
+    def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
+        """Run the VLM once over images, language (and state), filling ``cache``."""
+
+    def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
+        """Per-step constants of the fixed schedule (time embeddings), computed once."""
+
+    def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
+        """v(x_t, t) for x_t (B, T, max_action_dim) against the frozen prefix; float32 out."""
+
+
+@dataclass
+class RuntimeStats:
+    """Counters and recent stage latencies (seconds) of one policy."""
+
+    control_steps: int = 0
+    prefix_passes: int = 0
+    denoise_steps: int = 0
+    cache_resets: int = 0
+    window: int = 1000
+    timings: dict[str, deque] = field(default_factory=dict)
+
+    def record(self, stage: str, seconds: float) -> None:
+        self.timings.setdefault(stage, deque(maxlen=self.window)).append(seconds)
+
+    def latency(self, stage: str) -> tuple[float, float]:
+        """(p50, p95) in seconds of a stage over the recent window; (nan, nan) before any."""
+        samples = self.timings.get(stage)
+        if not samples:
+            return float("nan"), float("nan")
+        arr = np.fromiter(samples, dtype=np.float64)
+        return float(np.percentile(arr, 50)), float(np.percentile(arr, 95))
+
+
+class PolicyRuntime:
+    """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
+
+    def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device) -> None:
+        self.model = model
+        self.num_steps = num_steps
+        self.device = device
+        self.timesteps, self.dt = euler_schedule(num_steps)
+        with torch.inference_mode():
+            self.time_cond = model.time_conditioning(self.timesteps.to(device))
+        self.cache = VLAPrefixCache()
+        self.stats = RuntimeStats()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def encode(self, inputs: ModelInputs) -> PrefixContext:
+        """Fill the cache from scratch and freeze it: the one prefix pass of a control step."""
+        t0 = time.perf_counter()
+        self.cache.reset()
+        ctx = self.model.encode_prefix(inputs, self.cache)
+        self.cache.freeze(self.model.num_cache_layers)
+        self.stats.prefix_passes += 1
+        self._sync()
+        self.stats.record("prefix", time.perf_counter() - t0)
+        return ctx
+
+    def velocity_fn(self, ctx: PrefixContext) -> VelocityFn:
+        def velocity(x_t: Tensor, k: int) -> Tensor:
+            self.stats.denoise_steps += 1
+            return self.model.velocity(x_t, self.time_cond[k], ctx)
+        return velocity
+
+    def sample(self, inputs: ModelInputs, noise: Tensor,
+               guide: Optional[Callable[[VelocityFn], VelocityFn]] = None) -> Tensor:
+        """Normalized actions (B, chunk, max_action_dim), float32.
+
+        ``guide`` wraps the velocity function (real-time chunking); guided
+        sampling needs autograd, so it runs under ``no_grad`` with local
+        ``enable_grad`` instead of ``inference_mode``.
+        """
+        self._check_noise(noise, inputs.batch_size)
+        mode = torch.no_grad() if guide is not None else torch.inference_mode()
+        with mode:
+            ctx = self.encode(inputs)
+            t0 = time.perf_counter()
+            velocity = self.velocity_fn(ctx)
+            if guide is not None:
+                velocity = guide(velocity)
+            actions = euler_integrate(velocity, noise.to(self.device, torch.float32), self.dt, self.num_steps)
+            self._sync()
+            self.stats.record("denoise", time.perf_counter() - t0)
+        self.stats.control_steps += 1
+        return actions
+
+    def sample_naive(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
+        """Reference path that recomputes the prefix at every denoising step (benchmarks, tests)."""
+        self._check_noise(noise, inputs.batch_size)
+        with torch.inference_mode():
+            def velocity(x_t: Tensor, k: int) -> Tensor:
+                ctx = self.encode(inputs)
+                self.stats.denoise_steps += 1
+                return self.model.velocity(x_t, self.time_cond[k], ctx)
+            return euler_integrate(velocity, noise.to(self.device, torch.float32), self.dt, self.num_steps)
+
+    def reset(self) -> None:
+        """Episode boundary: no prefix may outlive its episode."""
+        self.cache.reset()
+        self.stats.cache_resets += 1
+
+    def _check_noise(self, noise: Tensor, batch: int) -> None:
+        want = (batch, self.model.chunk_size, self.model.max_action_dim)
+        if tuple(noise.shape) != want:
+            raise ValueError(f"noise must have shape {want}, got {tuple(noise.shape)}")

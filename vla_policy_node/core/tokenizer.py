@@ -1,0 +1,102 @@
+"""Offline tokenizers: Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library.
+
+Nothing is downloaded. A tokenizer is looked up in an explicit directory or
+file, then in the standard Hugging Face cache; a miss names every path tried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class TokenizerNotFound(FileNotFoundError):
+    """No ``tokenizer.json`` at any of the places tried."""
+
+
+def hf_cache_dirs() -> list[Path]:
+    """The Hugging Face hub cache folders, in the order ``huggingface_hub`` uses them."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return [Path(os.environ["HF_HUB_CACHE"])]
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return [home / "hub"]
+
+
+def resolve_tokenizer(name: str, base_dir: Optional[Path] = None) -> Path:
+    """Find ``tokenizer.json`` for ``name``: a file, a directory (relative names resolve
+    against ``base_dir``, the checkpoint folder, never the working directory), or a hub
+    id in the local Hugging Face cache (``models--org--name/snapshots/<rev>/``)."""
+    tried: list[Path] = []
+    candidates = [Path(name)] if Path(name).is_absolute() or base_dir is None else [base_dir / name]
+    for cand in candidates:
+        for path in (cand, cand / "tokenizer.json"):
+            tried.append(path)
+            if path.is_file() and path.name.endswith(".json"):
+                return path
+    for cache in hf_cache_dirs():
+        snapshots = cache / f"models--{name.replace('/', '--')}" / "snapshots"
+        tried.append(snapshots / "*" / "tokenizer.json")
+        if snapshots.is_dir():
+            for snap in sorted(snapshots.iterdir()):
+                if (snap / "tokenizer.json").is_file():
+                    return snap / "tokenizer.json"
+    raise TokenizerNotFound(f"no tokenizer for {name!r}; tried: " + ", ".join(str(p) for p in tried))
+
+
+class TextTokenizer:
+    """A ``tokenizer.json`` with its pad token, padding right as LeRobot's tokenizer step does."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer   # imported here: only checkpoints with a tokenizer need it
+
+        self.path = path
+        self._tok = Tokenizer.from_file(str(path))
+        pad = self._special_token(path.parent, "pad_token")
+        pad_id = self._tok.token_to_id(pad) if pad else None
+        if pad_id is None:
+            raise ValueError(f"{path}: the pad token {pad!r} is not in the vocabulary")
+        self.pad_id = pad_id
+
+    @staticmethod
+    def _special_token(folder: Path, key: str) -> Optional[str]:
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            f = folder / name
+            if f.is_file():
+                value = json.loads(f.read_text()).get(key)
+                if isinstance(value, dict):
+                    value = value.get("content")
+                if value:
+                    return value
+        return None
+
+    def __call__(self, texts: Sequence[str], max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+        """-> ids (B, L) int64, mask (B, L) bool; L = max_length, or the longest (<= max_length)."""
+        encoded = [self._tok.encode(t).ids[:max_length] for t in texts]
+        return pad_batch(encoded, self.pad_id, max_length, padding)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (ids 1..256, pad 0): the tokenizer of the random ``tiny`` model."""
+
+    vocab_size = 257
+    pad_id = 0
+
+    def __call__(self, texts: Sequence[str], max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [[b + 1 for b in t.encode("utf-8", errors="replace")][:max_length] for t in texts]
+        return pad_batch(encoded, self.pad_id, max_length, padding)
+
+
+def pad_batch(encoded: list[list[int]], pad_id: int, max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+    if padding not in ("max_length", "longest"):
+        raise ValueError(f"padding must be 'max_length' or 'longest', got {padding!r}")
+    length = max_length if padding == "max_length" else max(1, max(len(e) for e in encoded))
+    ids = np.full((len(encoded), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(encoded), length), dtype=bool)
+    for i, e in enumerate(encoded):
+        ids[i, :len(e)] = e
+        mask[i, :len(e)] = True
+    return ids, mask
