@@ -12,15 +12,22 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from .blocks import DecoderSpec
+from . import openpi
+from .families import pi0 as pi0_family
+from .families import pi05 as pi05_family
 from .families import smolvla
+from .families.paligemma import PiConfig, prepare_image
 from .normalization import Normalizer
-from .policy import Policy, cast_model, resolve_device, resolve_dtype
-from .preprocessing import Preprocessor, camera_key, newline_prompt
-from .tokenizer import ByteTokenizer, TextTokenizer, resolve_tokenizer
+from .policy import Policy, resolve_device, resolve_dtype
+from .precision import cast_model
+from .preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
+from .tokenizer import ByteTokenizer, TextTokenizer
 from .vision import VisionSpec
-from .weights import load_weights, prefix_key_map
+from .weights import build_model, prefix_key_map
 
 log = logging.getLogger(__name__)
+
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"   # LeRobot's default for pi0 / pi0.5
 
 
 def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
@@ -29,9 +36,9 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
     """Load a LeRobot (or openpi) checkpoint folder; the family is read from its config."""
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))
-    family = config.get("type")
-    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla}
-    if family not in builders:
+    family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
+    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": _pi, "pi05": _pi, "openpi": _pi}
+    if not isinstance(family, str) or family not in builders:
         raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
                                    f"supported: {sorted(builders)}")
     torch_device, note = resolve_device(device)
@@ -44,27 +51,75 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
 
 def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
              seed: int) -> Policy:
-    vlm_name = config.get("vlm_model_name", "")
-    vlm_dir = ckpt.inside(folder, vlm_name) if not Path(vlm_name).is_absolute() else Path(vlm_name)
+    vlm_name = ckpt.config_value(config, "vlm_model_name", str, "", "config.json")
+    vlm_dir = ckpt.inside(folder, vlm_name)
     if (vlm_dir / "config.json").is_file():
         vlm_cfg = ckpt.read_json(vlm_dir / "config.json")
     elif vlm_name in smolvla.KNOWN_VLMS:
         vlm_cfg = smolvla.KNOWN_VLMS[vlm_name]
     else:
         raise ckpt.CheckpointError(f"SmolVLA backbone config {vlm_name!r} not found at {vlm_dir}/config.json")
-    cfg = smolvla.SmolVLAConfig.from_lerobot(config, vlm_cfg)
-    model = smolvla.SmolVLA(cfg, backend)
-    load_weights(model, ckpt.weights_file(folder), prefix_key_map(smolvla.key_rules()))
+    try:
+        cfg = smolvla.SmolVLAConfig.from_lerobot(config, vlm_cfg)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
+    model = build_model(lambda: smolvla.SmolVLA(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(smolvla.key_rules()))
     tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
-    tok_name = tok_cfg.get("tokenizer_name", vlm_name)
-    tokenizer = TextTokenizer(resolve_tokenizer(tok_name, folder))
+    source = "policy_preprocessor.json tokenizer_processor"
+    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, vlm_name, source)
+    tokenizer = TextTokenizer(ckpt.tokenizer_file(folder, tok_name))
     state_norm, action_norm = ckpt.lerobot_normalizers(folder)
     pre = Preprocessor(
-        camera_names=cfg.camera_names, image_size=cfg.image_size, image_pad_value=0.0,
-        tokenizer=tokenizer, max_length=tok_cfg.get("max_length", cfg.tokenizer_max_length),
-        padding=tok_cfg.get("padding", cfg.pad_language_to), prompt=newline_prompt,
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
+        tokenizer=tokenizer, prompt=newline_prompt,
+        max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
+        padding=ckpt.config_value(tok_cfg, "padding", str, cfg.pad_language_to, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
     return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed)
+
+
+def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int) -> Policy:
+    """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
+    tiny_path = ckpt.inside(folder, "tiny_dims.json")
+    tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
+    if openpi.is_openpi_config(config):
+        pi05 = bool(config.get("pi05", False))
+        state_norm, action_norm = openpi.openpi_normalizers(folder, pi05)
+        image_size = (tiny or {}).get("image_size", 224)
+        config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
+        tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],
+                   "padding": "max_length"}
+    else:
+        state_norm, action_norm = ckpt.lerobot_normalizers(folder)
+        tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    family = pi05_family if config["type"] == "pi05" else pi0_family
+    try:
+        cfg = PiConfig.from_checkpoint(config, tiny)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
+    model_cls = family.Pi05 if family is pi05_family else family.Pi0
+    model = build_model(lambda: model_cls(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(family.key_rules()))
+    source = "policy_preprocessor.json tokenizer_processor"
+    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
+    if family is pi05_family:
+        def prompt(task: str, state: np.ndarray) -> str:
+            return pi05_family.pi05_prompt(task, state[:cfg.state_dim], cfg.max_state_dim)
+    else:
+        def prompt(task: str, state: np.ndarray) -> str:
+            return pi0_family.pi0_prompt(task)
+    size = cfg.image_size[0]
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size,
+        image_transform=lambda img: prepare_image(img, size),
+        tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
+        max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
+        padding=ckpt.config_value(tok_cfg, "padding", str, "max_length", source),
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
+        state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
+    return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed)
 
 
@@ -103,7 +158,7 @@ def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int =
     init_weights(model, torch.Generator().manual_seed(seed))
     identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}
     pre = Preprocessor(
-        camera_names=cfg.camera_names, image_size=cfg.image_size, image_pad_value=0.0,
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
         tokenizer=ByteTokenizer(), max_length=cfg.tokenizer_max_length, padding=cfg.pad_language_to,
         prompt=newline_prompt, state_normalizer=Normalizer("MEAN_STD", identity),
         state_dim=state_dim, max_state_dim=cfg.max_state_dim)

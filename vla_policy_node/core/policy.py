@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from .blocks import AdaRMSNorm, RMSNorm
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
 from .runtime import PolicyRuntime
@@ -35,18 +34,6 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
-
-
-def cast_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Move to device/dtype, keeping norms and the family's sensitive modules in float32."""
-    model.to(device=device, dtype=dtype)
-    if dtype != torch.float32:
-        for name in getattr(model, "FLOAT32_MODULES", ()):
-            model.get_submodule(name).float()
-        for module in model.modules():
-            if isinstance(module, (RMSNorm, AdaRMSNorm)):
-                module.float()
-    return model.eval()
 
 
 class Policy:

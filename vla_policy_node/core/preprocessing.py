@@ -20,8 +20,11 @@ from .types import ModelInputs
 IMAGE_PREFIX = "observation.images."
 MAX_TASK_CHARS = 4096
 
-PromptFn = Callable[[str, Optional[np.ndarray]], str]
-"""(task, normalized state (max_state_dim,) or None) -> the text the tokenizer sees."""
+PromptFn = Callable[[str, np.ndarray], str]
+"""(task, normalized zero-padded state (max_state_dim,)) -> the text the tokenizer sees."""
+
+ImageTransform = Callable[[Tensor], Tensor]
+"""(B, 3, H, W) float in [0, 1] -> (B, 3, S, S) in the model's range, at the model resolution."""
 
 
 def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float) -> Tensor:
@@ -38,12 +41,17 @@ def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float) -> T
     return F.pad(img, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
 
 
+def smolvla_image(height: int, width: int) -> ImageTransform:
+    """SmolVLA: pad with 0 (black) on the left and top, then map [0, 1] -> [-1, 1]."""
+    return lambda img: resize_with_pad(img, height, width, 0.0) * 2.0 - 1.0
+
+
 def camera_key(name: str) -> str:
     """Accept the short camera name ("top") as well as the feature name."""
     return name if name.startswith(IMAGE_PREFIX) else IMAGE_PREFIX + name
 
 
-def newline_prompt(task: str, state: Optional[np.ndarray]) -> str:
+def newline_prompt(task: str, state: np.ndarray) -> str:
     """SmolVLA / pi0 prompt: the task, ending in a newline."""
     return task if task.endswith("\n") else task + "\n"
 
@@ -54,7 +62,7 @@ class Preprocessor:
 
     camera_names: tuple[str, ...]           # feature names, model order
     image_size: tuple[int, int]             # (height, width) at the model
-    image_pad_value: float                  # in [0, 1] space, before the [-1, 1] mapping
+    image_transform: ImageTransform         # the family's resize / pad / range mapping
     tokenizer: Callable[[Sequence[str], int, str], tuple[np.ndarray, np.ndarray]]
     max_length: int
     padding: str
@@ -63,6 +71,7 @@ class Preprocessor:
     state_dim: int
     max_state_dim: int
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
+    empty_cameras: int = 0                  # extra all-masked cameras after the real ones
 
     def __call__(self, observation: Mapping) -> ModelInputs:
         images, batch = self._images(observation.get("images"))
@@ -106,8 +115,9 @@ class Preprocessor:
                 continue
             arr = given[name] if given[name].ndim == 4 else given[name][None]
             img = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / 255.0
-            img = resize_with_pad(img, h, w, self.image_pad_value) * 2.0 - 1.0
-            out.append((img, torch.ones(batch, dtype=torch.bool)))
+            out.append((self.image_transform(img), torch.ones(batch, dtype=torch.bool)))
+        for _ in range(self.empty_cameras):
+            out.append((torch.full((batch, 3, h, w), -1.0), torch.zeros(batch, dtype=torch.bool)))
         return out, batch
 
     def _state(self, state: object, batch: int) -> np.ndarray:

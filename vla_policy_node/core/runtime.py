@@ -71,7 +71,7 @@ class PolicyRuntime:
         self.num_steps = num_steps
         self.device = device
         self.timesteps, self.dt = euler_schedule(num_steps)
-        with torch.inference_mode():
+        with torch.no_grad():   # not inference_mode: guided (autograd) sampling reads these too
             self.time_cond = model.time_conditioning(self.timesteps.to(device))
         self.cache = VLAPrefixCache()
         self.stats = RuntimeStats()

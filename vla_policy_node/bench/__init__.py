@@ -1,0 +1,1 @@
+"""Benchmarks: deterministic simulations and timing scripts that produce the BENCHMARKS.md figures."""

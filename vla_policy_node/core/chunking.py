@@ -1,0 +1,263 @@
+"""Execute action chunks at the control rate while the next chunk is computed.
+
+The control timer calls ``next_action(now)`` every period; inference runs elsewhere
+and hands chunks back with ``submit_chunk``. Time is injected (seconds), so tests
+drive the scheduler with a simulated clock. Not thread-safe: call it from one thread
+(or under one lock).
+
+Steps: every executed action has an episode step index ``k`` (0, 1, 2, ...). A
+request remembers ``step`` = the next step to execute when the observation was taken,
+so action ``j`` of the returned chunk is meant for step ``step + j``. When the chunk
+arrives, the actions whose time has passed are skipped: ``round(latency * measured
+rate)``, clamped to the steps the robot actually executed meanwhile (a starved or
+stalled robot has not moved on). The first chunk of an episode is not counted in the
+delay estimate (start-up latency is not steady-state delay).
+
+Blending of the overlap between the running plan and the new chunk (``blend``):
+
+- ``latest``: switch to the new chunk at once.
+- ``weighted``: over the overlap, ``w * new + (1 - w) * old``; new chunk after it.
+- ``temporal_ensemble`` (ACT): every chunk covering step ``k`` votes with weight
+  ``exp(-m * i)``, ``i = 0`` for the oldest such chunk.
+- ``rtc``: the request carries the committed actions and the delay (``RTCGuidance``)
+  for the policy to inpaint the new chunk (see ``rtc.py``); executed like ``latest``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+BLEND_MODES = ("latest", "weighted", "temporal_ensemble", "rtc")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Chunk execution settings; raises ValueError on bad values."""
+
+    control_rate_hz: float
+    horizon: int  # actions used per chunk (its first `horizon` rows)
+    refill_threshold: float = 0.5  # request when actions left <= threshold * horizon
+    blend: str = "latest"  # one of BLEND_MODES
+    blend_weight: float = 0.5  # weighted: weight of the new chunk over the overlap
+    ensemble_decay: float = 0.1  # temporal_ensemble: m in exp(-m * i), i = 0 oldest
+    rtc_max_guidance_weight: float = 10.0  # rtc: beta, clip of the guidance weight
+    delay_window: int = 8  # delay estimate = max latency of the last N steady-state chunks
+    rate_ema_alpha: float = 0.05  # weight of one tick interval in the measured rate
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.control_rate_hz) and self.control_rate_hz > 0):
+            raise ValueError(f"control_rate_hz must be finite and > 0, got {self.control_rate_hz}")
+        if self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
+        if not 0.0 <= self.refill_threshold <= 1.0:
+            raise ValueError(f"refill_threshold must be in [0, 1], got {self.refill_threshold}")
+        if self.blend not in BLEND_MODES:
+            raise ValueError(f"blend must be one of {BLEND_MODES}, got {self.blend!r}")
+        if not 0.0 <= self.blend_weight <= 1.0:
+            raise ValueError(f"blend_weight must be in [0, 1], got {self.blend_weight}")
+        if not (math.isfinite(self.ensemble_decay) and self.ensemble_decay >= 0):
+            raise ValueError(f"ensemble_decay must be finite and >= 0, got {self.ensemble_decay}")
+        if not (math.isfinite(self.rtc_max_guidance_weight) and self.rtc_max_guidance_weight > 0):
+            raise ValueError(f"rtc_max_guidance_weight must be finite and > 0, got {self.rtc_max_guidance_weight}")
+        if self.delay_window < 1:
+            raise ValueError(f"delay_window must be >= 1, got {self.delay_window}")
+        if not 0.0 < self.rate_ema_alpha <= 1.0:
+            raise ValueError(f"rate_ema_alpha must be in (0, 1], got {self.rate_ema_alpha}")
+
+
+@dataclass(frozen=True)
+class RTCGuidance:
+    """What the policy needs to inpaint a chunk: committed actions and the delay."""
+
+    prefix: np.ndarray  # (K, A) actions the robot will execute from the request on; read-only
+    delay_steps: int  # d: actions of the new chunk that run before it arrives (0 <= d <= K); K until measured
+    max_guidance_weight: float  # beta
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """One inference request; chunk action ``j`` is meant for episode step ``step + j``."""
+
+    request_id: int
+    episode: int
+    obs_time: float  # seconds, the clock of the scheduler
+    step: int
+    rtc: RTCGuidance | None  # set in rtc mode when actions are committed
+
+
+class ChunkScheduler:
+    """Chunk queue, refill trigger, delay compensation and blending; see module docstring."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._period = 1.0 / config.control_rate_hz  # EMA of measured tick intervals
+        self._last_tick: float | None = None
+        self._next_id = 0
+        self._episode = 0
+        self._stats = dict.fromkeys(
+            (
+                "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
+                "requests_cancelled", "actions_executed", "actions_skipped",
+                "waiting_ticks", "starved_ticks", "resets",
+            ),
+            0,
+        )
+        self._clear_episode()
+
+    def _clear_episode(self) -> None:
+        self._step = 0
+        self._chunks: list[tuple[int, np.ndarray]] = []  # (first step, actions (T, A)), oldest first
+        self._pending: ChunkRequest | None = None
+        self._pending_is_startup = False
+        self._received = False
+        self._latencies: deque[float] = deque(maxlen=self.config.delay_window)
+        self._last_tick = None  # an interval spanning a reset is not a control period
+
+    # ------------------------------------------------------------ state
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since construction (resets do not clear them)."""
+        return dict(self._stats)
+
+    @property
+    def actions_left(self) -> int:
+        """Planned actions from the next step on."""
+        return max((start + len(a) for start, a in self._chunks), default=self._step) - self._step
+
+    @property
+    def measured_rate_hz(self) -> float:
+        """Control rate from an EMA of tick intervals (the configured one until measured)."""
+        return 1.0 / self._period
+
+    @property
+    def delay_steps(self) -> int | None:
+        """Conservative inference delay in control steps; None until measured this episode."""
+        if not self._latencies:
+            return None
+        return max(0, math.ceil(max(self._latencies) * self.measured_rate_hz - 1e-9))
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a request waits for its chunk."""
+        return self._pending is not None
+
+    # ------------------------------------------------------------ requests
+    def needs_chunk(self) -> bool:
+        """Tell whether to request now: nothing in flight and actions left at or below the threshold."""
+        threshold = self.config.refill_threshold * self.config.horizon
+        return self._pending is None and self.actions_left <= threshold
+
+    def begin_request(self, now: float) -> ChunkRequest:
+        """Open a request for an observation taken at ``now``; one at a time."""
+        if self._pending is not None:
+            raise RuntimeError(f"request {self._pending.request_id} is still in flight")
+        rtc = None
+        if self.config.blend == "rtc" and self.actions_left > 0:
+            prefix = self._plan()
+            prefix.setflags(write=False)
+            delay = self.delay_steps
+            delay = len(prefix) if delay is None else min(delay, len(prefix))
+            rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight)
+        self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc)
+        self._pending_is_startup = not self._received
+        self._next_id += 1
+        self._stats["chunks_requested"] += 1
+        return self._pending
+
+    def cancel_request(self, request: ChunkRequest) -> None:
+        """Inference failed: forget the request so the next tick may retry."""
+        if self._pending is not None and request.request_id == self._pending.request_id:
+            self._pending = None
+            self._stats["requests_cancelled"] += 1
+
+    def submit_chunk(self, request: ChunkRequest, chunk: np.ndarray, now: float) -> bool:
+        """Queue a chunk (T, A), T >= horizon; False if it belongs to an old request or episode.
+
+        Raises ValueError on a malformed or non-finite chunk (the request is closed).
+        """
+        pending = self._pending
+        if pending is None or (request.episode, request.request_id) != (pending.episode, pending.request_id):
+            self._stats["chunks_discarded"] += 1
+            return False
+        self._pending = None
+        actions = np.asarray(chunk, dtype=np.float64)
+        error = self._check_chunk(actions)
+        if error:
+            self._stats["chunks_rejected"] += 1
+            raise ValueError(error)
+        latency = now - request.obs_time
+        if not self._pending_is_startup:
+            self._latencies.append(latency)
+        elapsed = max(0, round(latency * self.measured_rate_hz))
+        skip = min(elapsed, self._step - request.step, self.config.horizon)
+        self._stats["chunks_received"] += 1
+        self._stats["actions_skipped"] += skip
+        self._received = True
+        self._blend_in(actions[skip:self.config.horizon])
+        return True
+
+    def _check_chunk(self, actions: np.ndarray) -> str | None:
+        if actions.ndim != 2 or actions.shape[0] < self.config.horizon:
+            return f"chunk must be (T >= {self.config.horizon}, A), got shape {actions.shape}"
+        if self._chunks and actions.shape[1] != self._chunks[0][1].shape[1]:
+            return f"chunk has {actions.shape[1]} action dims, the running one {self._chunks[0][1].shape[1]}"
+        if not np.isfinite(actions).all():
+            return "chunk has non-finite actions"
+        return None
+
+    def _blend_in(self, new: np.ndarray) -> None:
+        """Merge ``new`` (N, A), whose row 0 is for the next step, into the queue."""
+        if len(new) == 0:
+            return
+        if self.config.blend == "temporal_ensemble":
+            self._chunks.append((self._step, new))
+            return
+        if self.config.blend == "weighted" and self._chunks:
+            old = self._plan()
+            n = min(len(old), len(new))
+            w = self.config.blend_weight
+            new = new.copy()
+            new[:n] = w * new[:n] + (1.0 - w) * old[:n]
+        self._chunks = [(self._step, new)]
+
+    def _plan(self) -> np.ndarray:
+        """Remaining actions (K, A) of the running chunk; only modes that keep one chunk."""
+        start, actions = self._chunks[-1]
+        return actions[self._step - start:].copy()
+
+    # ------------------------------------------------------------ execution
+    def next_action(self, now: float) -> np.ndarray | None:
+        """Return the action (A,) for this tick, or None when starved (hold the last safe command)."""
+        self._measure_tick(now)
+        k = self._step
+        self._chunks = [(s, a) for s, a in self._chunks if s + len(a) > k]
+        covering = [a[k - s] for s, a in self._chunks if s <= k]
+        if not covering:
+            self._stats["starved_ticks" if self._received else "waiting_ticks"] += 1
+            return None
+        if len(covering) == 1:
+            action = covering[0].copy()
+        else:
+            weights = np.exp(-self.config.ensemble_decay * np.arange(len(covering)))
+            action = weights @ np.stack(covering) / weights.sum()
+        self._step += 1
+        self._stats["actions_executed"] += 1
+        return action
+
+    def _measure_tick(self, now: float) -> None:
+        """EMA of tick intervals, each clamped to [0.5, 2] nominal periods (stalls are outliers)."""
+        if self._last_tick is not None and now > self._last_tick:
+            nominal = 1.0 / self.config.control_rate_hz
+            interval = min(max(now - self._last_tick, 0.5 * nominal), 2.0 * nominal)
+            self._period += self.config.rate_ema_alpha * (interval - self._period)
+        self._last_tick = now
+
+    def reset(self) -> None:
+        """Episode boundary: drop queue, blending state, delay estimate and any request in flight."""
+        self._episode += 1
+        self._stats["resets"] += 1
+        self._clear_episode()

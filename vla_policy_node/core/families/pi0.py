@@ -1,0 +1,98 @@
+"""pi0 (LeRobot 0.4.4 ``PI0Policy``, openpi ``pi0``): PaliGemma prefix, Gemma expert suffix.
+
+Suffix of every denoising step, (B, 1 + T, W_expert)::
+
+    [ state_proj(state) | action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), sincos(t)]))) ]
+
+ar-mask [1, 1, 0, ..., 0]: the state token sees the prefix and itself; the action
+tokens see the prefix, the state and each other. v = action_out_proj(final norm(last T tokens)).
+The state token depends only on the observation, so it is projected once per control step.
+
+Prompt (``pi0_prompt``): the task plus a trailing newline; BOS prepended, no EOS,
+right-padded with id 0 to ``tokenizer_max_length`` (LeRobot's tokenizer step).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..blocks import sinusoidal_time_embedding
+from ..precision import keep_float32
+from ..prefix_cache import PrefixContext, VLAPrefixCache
+from ..types import ModelInputs
+from .paligemma import (BACKBONE_FLOAT32, GemmaExpert, PaliGemma, PiConfig, backbone_key_rules,
+                        suffix_attention)
+
+FAMILY = "pi0"
+Pi0Config = PiConfig
+
+
+def pi0_prompt(task: str) -> str:
+    """The text pi0 tokenizes: the task with a trailing newline (LeRobot's ``Pi0NewLineProcessor``)."""
+    return task if task.endswith("\n") else task + "\n"
+
+
+class Pi0(nn.Module):
+    """pi0 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
+
+    FLOAT32_MODULES = BACKBONE_FLOAT32 + ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp")
+
+    def __init__(self, config: PiConfig, attention_backend: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.backend = attention_backend
+        self.chunk_size = config.chunk_size
+        self.max_action_dim = config.max_action_dim
+        self.num_cache_layers = config.backbone.vlm.depth
+        width = config.backbone.expert.width
+        self.vlm = PaliGemma(config.backbone)
+        self.expert = GemmaExpert(config.backbone.expert.spec())
+        self.state_proj = nn.Linear(config.max_state_dim, width)
+        self.action_in_proj = nn.Linear(config.max_action_dim, width)
+        self.action_time_mlp_in = nn.Linear(2 * width, width)
+        self.action_time_mlp_out = nn.Linear(width, width)
+        self.action_out_proj = nn.Linear(width, config.max_action_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vlm.dtype
+
+    def keep_float32(self) -> "Pi0":
+        """Call after ``.to(torch.bfloat16)``: puts ``FLOAT32_MODULES`` back in float32."""
+        return keep_float32(self, self.FLOAT32_MODULES)
+
+    def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
+        if inputs.state is None:
+            raise ValueError("pi0 needs the normalized state (B, max_state_dim): it is the first suffix token")
+        embs, pad = self.vlm.embed_prefix(inputs, self.backend)
+        self.vlm(embs, pad, cache, self.backend)
+        spec = self.expert.spec
+        suffix_ar = torch.tensor([1, 1] + [0] * (self.chunk_size - 1))
+        mask, rope = suffix_attention(pad, suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        state_emb = self.state_proj(inputs.state.to(self.state_proj.weight.dtype))[:, None]   # (B, 1, W)
+        return PrefixContext(cache, pad, {"mask": mask, "rope": rope, "state_emb": state_emb})
+
+    def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
+        """Sin/cos embedding of each t_k, (1, 1, W) float32, concatenated to every action token."""
+        emb = sinusoidal_time_embedding(timesteps, self.expert.spec.width,
+                                        self.config.min_period, self.config.max_period)
+        return [e[None, None] for e in emb]
+
+    def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
+        b, t, _ = x_t.shape
+        action = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype))           # (B, T, W)
+        time = time_cond.to(action.dtype).expand(b, t, -1)
+        h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action, time], dim=-1))))
+        suffix = torch.cat([ctx.extras["state_emb"].to(h.dtype), h], dim=1).to(self.expert.dtype)
+        out = self.expert(suffix, ctx.extras["rope"], ctx.extras["mask"], ctx.cache, self.backend, num_out=t)
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
+
+
+def key_rules() -> list[tuple[str, Optional[str]]]:
+    """LeRobot (``model.``-rooted) and openpi checkpoint names -> this module's names; None = not loaded."""
+    return backbone_key_rules(["state_proj", "action_in_proj", "action_out_proj",
+                               "action_time_mlp_in", "action_time_mlp_out"])

@@ -1,0 +1,74 @@
+"""openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
+
+openpi configs carry no LeRobot ``type``; they are recognised by their own
+fields (``action_horizon``, ``paligemma_variant``) and translated into the
+LeRobot-style dict the pi0/pi0.5 families read. Robot feature names are not
+part of an openpi checkpoint: the cameras are openpi's standard three.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .normalization import Normalizer
+
+OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+
+def is_openpi_config(config: dict) -> bool:
+    return "type" not in config and "action_horizon" in config and "paligemma_variant" in config
+
+
+def lerobot_style_config(config: dict, state_dim: int, action_dim: int, image_size: int = 224) -> dict:
+    """The fields of a LeRobot pi0/pi0.5 ``config.json`` that an openpi config implies."""
+    pi05 = bool(config.get("pi05", False))
+    max_dim = int(config.get("action_dim", 32))
+    image = {"type": "VISUAL", "shape": [3, image_size, image_size]}
+    return {
+        "type": "pi05" if pi05 else "pi0",
+        "paligemma_variant": config["paligemma_variant"],
+        "action_expert_variant": config.get("action_expert_variant", "gemma_300m"),
+        "chunk_size": int(config["action_horizon"]),
+        "max_state_dim": max_dim,
+        "max_action_dim": max_dim,
+        "num_inference_steps": int(config.get("num_steps", 10)),
+        "min_period": 4e-3,
+        "max_period": 4.0,
+        "tokenizer_max_length": int(config.get("max_token_len", 200 if pi05 else 48)),
+        "empty_cameras": 0,
+        "image_resolution": [image_size, image_size],
+        "input_features": {**{f"observation.images.{c}": image for c in OPENPI_CAMERAS},
+                           "observation.state": {"type": "STATE", "shape": [state_dim]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [action_dim]}},
+    }
+
+
+def norm_stats_file(folder: Path) -> Path:
+    """The single ``assets/<id>/norm_stats.json`` of the checkpoint."""
+    assets = ckpt.inside(folder, "assets")
+    found = sorted(assets.glob("*/norm_stats.json")) if assets.is_dir() else []
+    if len(found) != 1:
+        raise ckpt.CheckpointError(f"{folder}: expected exactly one assets/<id>/norm_stats.json, found {len(found)}")
+    return ckpt.inside(folder, str(found[0].relative_to(folder)))
+
+
+def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer]:
+    """(state normalizer, action un-normalizer): z-score for pi0, q01/q99 quantiles for pi0.5, as openpi."""
+    raw = ckpt.read_json(norm_stats_file(folder)).get("norm_stats", {})
+    mode = "QUANTILES" if pi05 else "MEAN_STD"
+    out = []
+    for key in ("state", "actions"):
+        entry = raw.get(key)
+        if not isinstance(entry, dict):
+            raise ckpt.CheckpointError(f"{folder}: norm_stats.json has no {key!r} statistics")
+        try:
+            stats = {k: np.asarray(v, dtype=np.float32) for k, v in entry.items() if isinstance(v, list)}
+            # openpi divides by (std + 1e-6) and by (q99 - q01 + 1e-6)
+            out.append(Normalizer(mode, stats, eps=1e-6))
+        except (TypeError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{folder}: norm_stats.json {key}: {exc}") from exc
+    return out[0], out[1]
+

@@ -1,0 +1,143 @@
+"""Real-time chunking (RTC): guide a new action chunk toward the actions already committed.
+
+Black et al. 2025, "Real-Time Execution of Action Chunking Flow Policies". While a
+chunk is being computed the robot keeps executing the previous one, so the first
+``d`` actions of the new chunk (``d`` = inference delay in control steps) will never
+run, and the rest of the overlap should agree with what the robot is about to do.
+Instead of blending two chunks after the fact, RTC inpaints during denoising: at
+every flow step the velocity is corrected so that the predicted clean chunk moves
+toward the committed prefix, with full weight on the first ``d`` actions and an
+exponentially decaying weight over the rest of the overlap.
+
+Flow convention (openpi / LeRobot, and our ``flow.py``)::
+
+    x_t = t * noise + (1 - t) * actions,  the model predicts v = noise - actions,
+    Euler from t = 1 (noise) to t = 0 with dt = -1 / num_steps,
+    so step k is at t_k = 1 - k / num_steps and the predicted clean chunk is
+    x0_hat(x_t) = x_t - t * v(x_t, t)                       (the paper's A^1 hat).
+
+The paper's time runs the other way (tau = 1 - t) and its velocity has the opposite
+sign, so its ``v + w * g`` becomes ``v - w * g`` here, with::
+
+    g = ((A_prev - x0_hat) * W)^T  d x0_hat / d x_t        (one vector-Jacobian product)
+    w = min(beta, (t^2 + (1 - t)^2) / (t * (1 - t)))        (the paper's (1 - tau) / (tau r^2))
+
+Autograd must be available: run the denoising loop under ``torch.no_grad()``, not
+``torch.inference_mode()`` (inference tensors cannot enter a backward graph). Only the
+noisy chunk ``x_t`` gets a gradient; weights and the prefix cache are never written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .flow import VelocityFn
+
+
+def prefix_weights(delay: int, overlap: int, horizon: int) -> np.ndarray:
+    """Soft mask ``W`` (horizon,) over the new chunk: how hard each action is pulled.
+
+    ``W_i = 1`` for ``i < delay`` (those actions run before the chunk arrives),
+    ``W_i = c_i (e^c_i - 1) / (e - 1)`` with ``c_i = (overlap - i) / (overlap - delay + 1)``
+    for ``delay <= i < overlap``, and 0 after the overlap. ``overlap`` is the number of
+    committed actions (the paper's ``H - s``). Example, delay=2, overlap=5, horizon=7:
+    ``[1, 1, 0.49, 0.19, 0.04, 0, 0]``.
+    """
+    if not 0 <= delay <= overlap <= horizon:
+        raise ValueError(
+            f"need 0 <= delay <= overlap <= horizon, got delay={delay}, overlap={overlap}, horizon={horizon}"
+        )
+    weights = np.zeros(horizon)
+    weights[:delay] = 1.0
+    i = np.arange(delay, overlap)
+    c = (overlap - i) / (overlap - delay + 1)
+    weights[delay:overlap] = c * np.expm1(c) / (math.e - 1.0)
+    return weights
+
+
+def guidance_weight(t: float, max_guidance_weight: float) -> float:
+    """Guidance strength at flow time ``t``: large near noise, clipped at ``beta``."""
+    if max_guidance_weight <= 0:
+        raise ValueError(f"max_guidance_weight must be > 0, got {max_guidance_weight}")
+    if t <= 0.0 or t >= 1.0:
+        return max_guidance_weight
+    return min(max_guidance_weight, (t * t + (1.0 - t) ** 2) / (t * (1.0 - t)))
+
+
+def guided_velocity(
+    x_t: Tensor,
+    t: float,
+    velocity: Callable[[Tensor], Tensor],
+    prefix: Tensor | np.ndarray,
+    delay: int,
+    max_guidance_weight: float,
+) -> Tensor:
+    """One RTC-guided velocity at flow time ``t`` (see module docstring for the math).
+
+    x_t: (B, H, A) or (H, A) noisy chunk. velocity: ``x_t -> v`` at this ``t``.
+    prefix: (K, A_p) or (B, K, A_p) committed actions in the model's (normalized)
+    action space; ``A_p <= A`` so padded action dims are left unguided. ``K == 0``
+    returns the plain velocity.
+    """
+    if torch.is_inference_mode_enabled() or x_t.is_inference():
+        raise RuntimeError(
+            "RTC guidance needs autograd: run denoising under torch.no_grad(), not torch.inference_mode()"
+        )
+    horizon, action_dim = x_t.shape[-2:]
+    if isinstance(prefix, np.ndarray):
+        prefix = torch.from_numpy(prefix.copy())  # the scheduler's prefix is read-only
+    prefix = prefix.to(dtype=x_t.dtype, device=x_t.device)
+    overlap, prefix_dim = prefix.shape[-2:]
+    if prefix_dim > action_dim:
+        raise ValueError(f"prefix has {prefix_dim} action dims, the chunk only {action_dim}")
+    if overlap == 0:
+        return velocity(x_t)
+    mask = torch.as_tensor(prefix_weights(delay, overlap, horizon), dtype=x_t.dtype, device=x_t.device)
+    with torch.enable_grad():
+        x = x_t.detach().requires_grad_(True)
+        v = velocity(x)
+        x0_hat = x - t * v
+        error = torch.zeros_like(x0_hat)
+        error[..., :overlap, :prefix_dim] = prefix - x0_hat[..., :overlap, :prefix_dim].detach()
+        (correction,) = torch.autograd.grad(x0_hat, x, grad_outputs=error * mask[:, None])
+    return (v - guidance_weight(t, max_guidance_weight) * correction).detach()
+
+
+def rtc_guided_velocity(
+    velocity_fn: VelocityFn,
+    prefix: Tensor | np.ndarray,
+    delay: int,
+    num_steps: int,
+    max_guidance_weight: float = 10.0,
+) -> VelocityFn:
+    """Wrap ``velocity_fn`` for the Euler loop so every step is RTC-guided.
+
+    Step ``k`` is taken at ``t = 1 + k * dt``, ``dt = -1 / num_steps`` (``flow.euler_schedule``).
+    Plugs into ``PolicyRuntime.sample(guide=lambda v: rtc_guided_velocity(v, ...))``.
+    prefix: (K, A_p) committed actions, normalized like the model's actions;
+    delay: inference delay in control steps (``0 <= delay <= K``).
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    overlap = np.shape(prefix)[-2]
+    if not 0 <= delay <= overlap:
+        raise ValueError(f"delay must be in [0, {overlap}] (the prefix length), got {delay}")
+    if max_guidance_weight <= 0:
+        raise ValueError(f"max_guidance_weight must be > 0, got {max_guidance_weight}")
+
+    def guided(x_t: Tensor, step_index: int) -> Tensor:
+        return guided_velocity(
+            x_t,
+            1.0 + step_index * (-1.0 / num_steps),
+            lambda x: velocity_fn(x, step_index),
+            prefix,
+            delay,
+            max_guidance_weight,
+        )
+
+    return guided
