@@ -78,3 +78,21 @@ def test_unknown_family_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"type": "act"}))
     with pytest.raises(CheckpointError, match="unknown policy type 'act'"):
         load_policy(tmp_path, device="cpu")
+
+
+def test_rtc_prefix_in_robot_units_is_normalized_for_guidance(reference_dir):
+    from vla_policy_node.core.chunking import RTCGuidance
+    folder = reference_dir("smolvla")
+    inp = load_file(folder / "inputs.safetensors")
+    policy = load_policy(folder, device="cpu")
+    obs = raw_observation(inp)
+    free = policy.predict_action_chunk(obs, noise=inp["noise"].numpy())[0]
+    target = free[:4] + 0.5 * policy.action_normalizer.stats["std"]      # robot units, half a std away
+    guided = policy.predict_action_chunk(obs, noise=inp["noise"].numpy(),
+                                         rtc=RTCGuidance(prefix=target, delay_steps=2, max_guidance_weight=10.0))[0]
+    before = np.abs(free[:2] - target[:2]).mean()
+    after = np.abs(guided[:2] - target[:2]).mean()
+    assert after < 0.25 * before
+    with pytest.raises(ValueError, match="RTC prefix"):
+        policy.predict_action_chunk(obs, rtc=RTCGuidance(prefix=np.zeros((3, 2)), delay_steps=1,
+                                                         max_guidance_weight=1.0))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from vla_policy_node.core.chunking import RTCGuidance
 from vla_policy_node.core.rtc import guidance_weight, guided_velocity, prefix_weights, rtc_guided_velocity
 
 H, A, STEPS = 8, 3, 10
@@ -156,7 +157,7 @@ def test_guides_the_tiny_policy_through_its_runtime():
     free = policy.predict_action_chunk(observation, noise)
     passes = policy.stats.prefix_passes
     guided = policy.predict_action_chunk(
-        observation, noise, guide=lambda v: rtc_guided_velocity(v, prefix, 3, policy.num_steps)
+        observation, noise, rtc=RTCGuidance(prefix=prefix, delay_steps=3, max_guidance_weight=10.0)
     )
     assert np.abs(guided[0, :3] - 0.8).max() < 0.1 < np.abs(free[0, :3] - 0.8).mean()
     assert policy.stats.prefix_passes == passes + 1  # guidance does not recompute the prefix

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
+from .chunking import RTCGuidance
+from .flow import VelocityFn
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
+from .rtc import rtc_guided_velocity
 from .runtime import PolicyRuntime
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,11 +61,12 @@ class Policy:
     stats = property(lambda self: self.runtime.stats)
 
     def predict_action_chunk(self, observation: Mapping, noise: Optional[np.ndarray] = None,
-                             guide=None) -> np.ndarray:
+                             rtc: Optional[RTCGuidance] = None) -> np.ndarray:
         """Observation -> un-normalized actions (B, chunk_size, action_dim), float32.
 
-        ``noise`` (B, chunk_size, max_action_dim) makes the result deterministic;
-        ``guide`` wraps the velocity function (real-time chunking).
+        ``noise`` (B, chunk_size, max_action_dim) makes the result deterministic.
+        ``rtc`` (real-time chunking) guides the first actions toward the committed
+        ones, given in robot units like the output; the prefix is still encoded once.
         """
         t0 = time.perf_counter()
         inputs = self.preprocessor(observation).to(self.device, self.dtype)
@@ -76,13 +80,21 @@ class Policy:
                 raise ValueError(f"noise must have shape {shape}, got {tuple(x1.shape)}")
         t1 = time.perf_counter()
         self.stats.record("preprocess", t1 - t0)
-        actions = self.runtime.sample(inputs, x1, guide)
+        actions = self.runtime.sample(inputs, x1, None if rtc is None else self._rtc_guide(rtc))
         t2 = time.perf_counter()
         out = self.action_normalizer.unnormalize(actions[..., :self.action_dim].float().cpu().numpy())
         t3 = time.perf_counter()
         self.stats.record("postprocess", t3 - t2)
         self.stats.record("total", t3 - t0)
         return out
+
+    def _rtc_guide(self, rtc: RTCGuidance) -> Callable[[VelocityFn], VelocityFn]:
+        prefix = np.asarray(rtc.prefix, dtype=np.float32)
+        if prefix.ndim != 2 or prefix.shape[1] != self.action_dim or prefix.shape[0] > self.chunk_size:
+            raise ValueError(f"RTC prefix must be (K <= {self.chunk_size}, {self.action_dim}), got {prefix.shape}")
+        normalized = self.action_normalizer.normalize(prefix)      # the model's action space
+        return lambda velocity: rtc_guided_velocity(velocity, normalized, rtc.delay_steps, self.num_steps,
+                                                    rtc.max_guidance_weight)
 
     def reset(self) -> None:
         """Episode boundary: drop the prefix cache."""
