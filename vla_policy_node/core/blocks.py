@@ -33,9 +33,13 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: Tensor, cond: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (self.offset + self.weight.float())).to(x.dtype), None
+        # One fused kernel (float32 in, float32 weight) instead of eight: the expert step is launch-bound.
+        xf = x if x.dtype == torch.float32 else x.float()
+        if self.offset == 0.0 and self.weight.dtype == torch.float32:
+            out = F.rms_norm(xf, (xf.shape[-1],), self.weight, self.eps)
+        else:
+            out = F.rms_norm(xf, (xf.shape[-1],), None, self.eps) * (self.offset + self.weight.float())
+        return (out if x.dtype == torch.float32 else out.to(x.dtype)), None
 
 
 class AdaRMSNorm(nn.Module):
@@ -69,9 +73,39 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
         self.act = ACTIVATIONS[act]
+        self.register_buffer("gate_up_weight", None, persistent=False)   # set by ``fuse``
+
+    def fuse(self) -> None:
+        """One (2*hidden, dim) matmul instead of two; gate/up weights become views of it (same state dict)."""
+        self.gate_up_weight = _fuse_linears(self.gate_proj, self.up_proj)[0]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def _fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Optional[Tensor]]:
+    """Concatenate the weights (and biases) of linears on the same input; their parameters become views."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
+        start += n
+    return weight, bias
+
+
+def fuse_projections(model: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up matmuls everywhere in ``model`` (after its weights and dtype are final)."""
+    for module in model.modules():
+        if isinstance(module, (GatedMLP, AttentionProjections)):
+            module.fuse()
+    return model
 
 
 class AttentionProjections(nn.Module):
@@ -86,6 +120,22 @@ class AttentionProjections(nn.Module):
         self.k_proj = nn.Linear(kv_in, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(kv_in, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        self.register_buffer("qkv_weight", None, persistent=False)      # set by ``fuse``
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse(self) -> None:
+        """One matmul for q, k and v (self-attention only: cross-attention k/v read another input)."""
+        if self.k_proj.in_features == self.q_proj.in_features:
+            self.qkv_weight, self.qkv_bias = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, L, dim) -> q (B, H, L, D), k and v (B, H_kv, L, D)."""
+        if self.qkv_weight is None:
+            return (self.q(x), *self.kv(x))
+        b, L, _ = x.shape
+        heads = F.linear(x, self.qkv_weight, self.qkv_bias).view(b, L, -1, self.head_dim)
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
     def split(x: Tensor, heads: int) -> Tensor:
@@ -163,9 +213,8 @@ class DecoderLayer(nn.Module):
                         layer_idx: int, backend: str, cond: Optional[Tensor] = None) -> Tensor:
         """Residual self-attention; the last VLM layer of a prefix pass needs only this half."""
         h, gate = self.input_layernorm(x, cond)
-        q = apply_rope(self.self_attn.q(h), *rope)
-        k, v = self.self_attn.kv(h)
-        k = apply_rope(k, *rope)
+        q, k, v = self.self_attn.qkv(h)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k, v = cache.update(k, v, layer_idx)
         return gated_residual(x, self.self_attn.out(attention(q, k, v, mask, backend)), gate)
 

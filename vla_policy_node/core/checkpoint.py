@@ -64,7 +64,7 @@ def inside(folder: Path, name: str) -> Path:
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object from a file of at most ``MAX_JSON_BYTES``."""
+    """Read a JSON object from a file of at most ``MAX_JSON_BYTES``."""
     if not path.is_file():
         raise CheckpointError(f"missing {path.name} in {path.parent}")
     if path.stat().st_size > MAX_JSON_BYTES:
@@ -123,6 +123,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
+        """Return the number of elements."""
         return math.prod(self.shape)
 
 
@@ -212,7 +213,7 @@ def weights_file(folder: Path) -> Path:
 
 
 def tokenizer_file(folder: Path, name: str) -> Path:
-    """The ``tokenizer.json`` a config names: inside the checkpoint folder, else the local HF cache.
+    """Find the ``tokenizer.json`` a config names: inside the checkpoint folder, else the local HF cache.
 
     The name may be a file or folder inside the checkpoint or a hub id found in the
     Hugging Face cache; an absolute path or one escaping the folder is refused.
@@ -288,7 +289,7 @@ def lerobot_processor_stats(folder: Path, config_name: str, step: str) -> tuple[
 
 
 def processor_step_config(folder: Path, config_name: str, step: str) -> Optional[dict]:
-    """The ``config`` of one step of a LeRobot processor pipeline, or None if absent."""
+    """Return the ``config`` of one step of a LeRobot processor pipeline, or None if absent."""
     for entry in _pipeline_steps(folder, config_name) or []:
         if entry.get("registry_name") == step:
             return _step_config(config_name, entry)

@@ -35,7 +35,7 @@ def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float) -> T
     """
     cur_h, cur_w = img.shape[-2:]
     ratio = max(cur_w / width, cur_h / height)
-    new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
+    new_h, new_w = max(1, int(cur_h / ratio)), max(1, int(cur_w / ratio))   # a 1-pixel-high frame stays 1 high
     if (new_h, new_w) != (cur_h, cur_w):
         img = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False)
     return F.pad(img, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
@@ -78,7 +78,10 @@ class Preprocessor:
         state = self._state(observation.get("state"), batch)
         tasks = self._tasks(observation.get("task"), batch)
         padded = np.zeros((batch, self.max_state_dim), dtype=np.float32)
-        padded[:, :self.state_dim] = self.state_normalizer.normalize(state)
+        with np.errstate(over="ignore"):
+            padded[:, :self.state_dim] = self.state_normalizer.normalize(state)
+        if not np.all(np.isfinite(padded)):
+            raise ValueError("state overflows float32 once normalized")
         prompts = [self.prompt(t, padded[i]) for i, t in enumerate(tasks)]
         ids, mask = self.tokenizer(prompts, self.max_length, self.padding)
         return ModelInputs(
@@ -128,9 +131,11 @@ class Preprocessor:
         if arr.shape != (batch, self.state_dim):
             raise ValueError(f"state must be ({self.state_dim},) or ({batch}, {self.state_dim}), "
                              f"got {np.shape(state)}")
+        with np.errstate(over="ignore"):
+            arr = arr.astype(np.float32)   # a finite float64 beyond float32's range becomes inf here
         if not np.all(np.isfinite(arr)):
-            raise ValueError("state holds non-finite values")
-        return arr.astype(np.float32)
+            raise ValueError("state holds non-finite values (or values beyond float32's range)")
+        return arr
 
     def _tasks(self, task: Union[str, Sequence[str], None], batch: int) -> list[str]:
         tasks = [task] * batch if isinstance(task, str) else list(task or [])

@@ -7,7 +7,9 @@ from torch import Tensor
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """Angles for integer ``positions`` (B, L) -> cos, sin each (B, 1, L, head_dim // 2), float32.
+    """Angles for integer ``positions`` (B, L) -> cos, signed sin, each (B, 1, L, head_dim), float32.
+
+    Full width, sin negated on the first half, so ``apply_rope`` needs no slicing.
 
     Computed in float32 whatever the model dtype, as the reference
     implementations do: bfloat16 angles are wrong by whole radians at long positions.
@@ -17,12 +19,16 @@ def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor,
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
     inv_freq = 1.0 / base ** exponents
     radians = positions.to(torch.float32)[..., None] * inv_freq
-    return torch.cos(radians)[:, None], torch.sin(radians)[:, None]
+    cos, sin = torch.cos(radians), torch.sin(radians)
+    return torch.cat([cos, cos], -1)[:, None], torch.cat([-sin, sin], -1)[:, None]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, H, L, D) by the angles from ``rope_cos_sin``; result in x's dtype."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    """Rotate x (B, H, L, D) by the angles from ``rope_cos_sin``; result in x's dtype.
+
+    ``[x1, x2] * cos + [x2, x1] * [-sin, sin]`` is ``[x1 cos - x2 sin, x2 cos + x1 sin]``
+    bit for bit, in four kernels instead of eleven (the expert step is launch-bound).
+    """
+    xf = x if x.dtype == torch.float32 else x.float()
+    out = xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin
+    return out if x.dtype == torch.float32 else out.to(x.dtype)

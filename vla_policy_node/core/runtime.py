@@ -66,7 +66,8 @@ class RuntimeStats:
 class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
-    def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device) -> None:
+    def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -75,6 +76,12 @@ class PolicyRuntime:
             self.time_cond = model.time_conditioning(self.timesteps.to(device))
         self.cache = VLAPrefixCache()
         self.stats = RuntimeStats()
+        self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
+        self._graphs: dict[tuple, CudaGraphSample] = {}
+
+    @property
+    def cuda_graphs_active(self) -> bool:
+        return self.cuda_graphs and self.device.type == "cuda"
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -106,6 +113,8 @@ class PolicyRuntime:
         ``enable_grad`` instead of ``inference_mode``.
         """
         self._check_noise(noise, inputs.batch_size)
+        if guide is None and self.cuda_graphs_active:
+            return self._sample_graphed(inputs, noise)
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
             ctx = self.encode(inputs)
@@ -129,6 +138,26 @@ class PolicyRuntime:
                 return self.model.velocity(x_t, self.time_cond[k], ctx)
             return euler_integrate(velocity, noise.to(self.device, torch.float32), self.dt, self.num_steps)
 
+    def _sample_graphed(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
+        """``sample`` replayed from CUDA graphs captured at the first call of each input shape (the warm-up)."""
+        key = CudaGraphSample.key(inputs, noise)
+        with torch.inference_mode():
+            if key not in self._graphs:
+                self._graphs[key] = CudaGraphSample(self, inputs, noise)
+            graphs = self._graphs[key]
+            t0 = time.perf_counter()
+            graphs.replay_prefix(inputs)
+            self._sync()
+            t1 = time.perf_counter()
+            actions = graphs.replay_denoise(noise)
+            self._sync()
+        self.stats.record("prefix", t1 - t0)
+        self.stats.record("denoise", time.perf_counter() - t1)
+        self.stats.prefix_passes += 1
+        self.stats.denoise_steps += self.num_steps
+        self.stats.control_steps += 1
+        return actions
+
     def reset(self) -> None:
         """Episode boundary: no prefix may outlive its episode."""
         self.cache.reset()
@@ -138,3 +167,69 @@ class PolicyRuntime:
         want = (batch, self.model.chunk_size, self.model.max_action_dim)
         if tuple(noise.shape) != want:
             raise ValueError(f"noise must have shape {want}, got {tuple(noise.shape)}")
+
+
+class CudaGraphSample:
+    """The prefix pass and the denoising loop of one input shape, captured as two CUDA graphs.
+
+    Inputs and noise are copied into static tensors and the graphs replayed; the
+    denoising graph reads the cache the prefix graph wrote (one shared memory
+    pool, replayed in capture order). Two eager passes on a side stream come
+    first, as capture requires. Guided (RTC) sampling never comes here.
+    """
+
+    def __init__(self, runtime: PolicyRuntime, inputs: ModelInputs, noise: Tensor) -> None:
+        device, model = runtime.device, runtime.model
+        self.inputs = ModelInputs(
+            images=[im.clone() for im in inputs.images], image_masks=[m.clone() for m in inputs.image_masks],
+            tokens=inputs.tokens.clone(), token_mask=inputs.token_mask.clone(),
+            state=None if inputs.state is None else inputs.state.clone())
+        self.noise = noise.to(device, torch.float32).clone()
+        self.cache = VLAPrefixCache()
+        dt = runtime.dt.to(device)            # no host-to-device copy inside the capture
+
+        def prefix() -> PrefixContext:
+            self.cache.reset()
+            ctx = model.encode_prefix(self.inputs, self.cache)
+            self.cache.freeze(model.num_cache_layers)
+            return ctx
+
+        def denoise(ctx: PrefixContext) -> Tensor:
+            def velocity(x_t: Tensor, k: int) -> Tensor:
+                return model.velocity(x_t, runtime.time_cond[k], ctx)
+            return euler_integrate(velocity, self.noise, dt, runtime.num_steps)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                denoise(prefix())
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.prefix_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.prefix_graph):
+            self.ctx = prefix()
+        self.denoise_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.denoise_graph, pool=self.prefix_graph.pool()):
+            self.actions = denoise(self.ctx)
+
+    @staticmethod
+    def key(inputs: ModelInputs, noise: Tensor) -> tuple:
+        return (tuple(tuple(im.shape) for im in inputs.images), tuple(inputs.tokens.shape),
+                None if inputs.state is None else tuple(inputs.state.shape), tuple(noise.shape))
+
+    def replay_prefix(self, inputs: ModelInputs) -> None:
+        for dst, src in zip(self.inputs.images, inputs.images):
+            dst.copy_(src)
+        for dst, src in zip(self.inputs.image_masks, inputs.image_masks):
+            dst.copy_(src)
+        self.inputs.tokens.copy_(inputs.tokens)
+        self.inputs.token_mask.copy_(inputs.token_mask)
+        if inputs.state is not None:
+            self.inputs.state.copy_(inputs.state)
+        self.prefix_graph.replay()
+
+    def replay_denoise(self, noise: Tensor) -> Tensor:
+        """Actions (B, chunk, max_action_dim), float32; a copy, as the next replay overwrites the graph's output."""
+        self.noise.copy_(noise)
+        self.denoise_graph.replay()
+        return self.actions.clone()

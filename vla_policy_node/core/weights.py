@@ -37,7 +37,7 @@ def _listing(names: list[str]) -> str:
 
 def check_weights(target: Mapping[str, torch.Tensor], header: Mapping[str, TensorInfo], key_map: KeyMap,
                   aliases: Optional[dict[str, str]] = None, file: str = "model.safetensors") -> list[tuple[str, str]]:
-    """The (checkpoint key, module key) copy plan, or ``CheckpointError`` naming what does not fit.
+    """Return the (checkpoint key, module key) copy plan, or raise ``CheckpointError`` naming what does not fit.
 
     Floating-point parameters accept float32, bfloat16 and float16 tensors (cast on copy);
     float64 is refused (no VLA ships it, it doubles the read) and so is an integer tensor
@@ -100,7 +100,7 @@ def load_weights(model: nn.Module, path: Path, key_map: KeyMap,
 
 def build_model(factory: Callable[[], nn.Module], config: object, path: Path, key_map: KeyMap,
                 aliases: Optional[dict[str, str]] = None) -> nn.Module:
-    """``factory()`` loaded from ``path``, checked against the header before allocating anything.
+    """Build ``factory()`` and load ``path`` into it, checking the header before allocating anything.
 
     ``config`` is the family config dataclass the factory builds from: its field types are
     checked, and no stack may have more layers than the checkpoint has tensors (each layer
