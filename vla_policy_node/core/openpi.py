@@ -71,4 +71,3 @@ def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer
         except (TypeError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{folder}: norm_stats.json {key}: {exc}") from exc
     return out[0], out[1]
-

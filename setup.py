@@ -1,0 +1,34 @@
+"""Install the vla_policy_node ament_python package (colcon build or pip install)."""
+
+from glob import glob
+
+from setuptools import find_packages, setup
+
+PACKAGE = 'vla_policy_node'
+
+setup(
+    name=PACKAGE,
+    version='0.1.0',
+    packages=find_packages(exclude=['test', 'test.*']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
+        (f'share/{PACKAGE}', ['package.xml']),
+        (f'share/{PACKAGE}/launch', glob('launch/*.launch.py')),
+        (f'share/{PACKAGE}/config', glob('config/*.yaml')),
+    ],
+    install_requires=['setuptools'],
+    zip_safe=True,
+    maintainer='vla_policy_node maintainers',
+    maintainer_email='vla-policy-node@example.com',
+    description='Vision-Language-Action policies (SmolVLA, pi0) in a ROS 2 control loop.',
+    license='Apache-2.0',
+    python_requires='>=3.10',
+    tests_require=['pytest'],
+    entry_points={
+        'console_scripts': [
+            f'vla_policy_node = {PACKAGE}.ros.node:main',
+            f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
+            'vla-policy-bench = vla_policy_node.bench.cli:main',
+        ],
+    },
+)

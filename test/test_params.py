@@ -1,0 +1,175 @@
+"""
+Parameter validation: bad values are refused with a reason, at start-up and at run time.
+
+Most cases run in-process against ``settings_from_values`` / ``declare_parameters``; a few
+start the installed node with a bad parameter file and check the exit code and the exact
+message (as joy_teleop's test_parameter_failures does).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.parameter import Parameter
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess
+import yaml
+
+from vla_policy_node.ros.params import (
+    declare_parameters,
+    ParameterError,
+    PARAMETERS,
+    settings_from_values,
+)
+
+DEFAULTS = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']
+
+
+def flatten(tree: dict, prefix: str = '') -> dict:
+    """Nested YAML parameters -> dotted ROS parameter names."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f'{prefix}{key}.'))
+        else:
+            flat[f'{prefix}{key}'] = value
+    return flat
+
+
+VALUES = flatten(DEFAULTS)
+
+
+def test_default_yaml_declares_every_parameter_and_nothing_else():
+    assert set(VALUES) == {spec.name for spec in PARAMETERS}
+
+
+def test_default_yaml_is_valid():
+    settings = settings_from_values(VALUES)
+    assert settings.joint_names == tuple(DEFAULTS['joint_names'])
+    np.testing.assert_array_equal(settings.limits.upper, DEFAULTS['limits']['upper'])
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'control_rate_hz': 0.0},
+     "parameter 'control_rate_hz' = 0.0 must be a double in [1.0, 1000.0]"),
+    ({'command_interface': 'velocity'},
+     "parameter 'command_interface' = 'velocity' must be a string "
+     '(one of joint_trajectory, forward_command)'),
+    ({'dtype': 'float64'},
+     "parameter 'dtype' = 'float64' must be a string (one of float32, bfloat16, float16)"),
+    ({'device': 'tpu'}, "parameter 'device' = 'tpu' must be auto, cpu, cuda or cuda:N"),
+    ({'camera_names': ['front']},
+     'camera_topics has 2 entries but camera_names has 1; give one name per topic'),
+    ({'joint_names': ['a', 'a', 'b', 'c', 'd', 'e']},
+     "parameter 'joint_names' has duplicated entries: ['a', 'a', 'b', 'c', 'd', 'e']"),
+    ({'limits.lower': [-1.0] * 5},
+     "parameter 'limits.lower' has 5 entries, expected one per joint (6)"),
+    ({'limits.upper': [-5.0] * 6},
+     'invalid limits: lower position limit must be below upper at joint indices '
+     '[0, 1, 2, 3, 4, 5]'),
+    ({'limits.max_velocity': [1.0] * 5 + [0.0]},
+     'invalid limits: max_velocity must be positive at joint indices [5]'),
+    ({'command_topic': ' '}, "parameter 'command_topic' must not be empty"),
+    ({'chunking.blend': 'smooth'},
+     "parameter 'chunking.blend' = 'smooth' must be a string "
+     '(one of latest, weighted, temporal_ensemble, rtc)'),
+])
+def test_bad_values_are_refused_with_a_reason(change, message):
+    with pytest.raises(ParameterError) as error:
+        settings_from_values({**VALUES, **change})
+    assert str(error.value) == message
+
+
+def test_missing_value_is_refused():
+    values = dict(VALUES)
+    del values['joint_names']
+    with pytest.raises(ParameterError, match="'joint_names' is required"):
+        settings_from_values(values)
+
+
+@pytest.fixture
+def context():
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=next_domain_id())
+    yield ctx
+    rclpy.try_shutdown(context=ctx)
+
+
+def declared(context, tmp_path: Path, overrides: dict):
+    """Declare the parameters on a bare node given default.yaml plus an override file."""
+    extra = tmp_path / 'override.yaml'
+    extra.write_text(yaml.safe_dump({'/**': {'ros__parameters': overrides}}))
+    args = ['--ros-args', '--params-file', str(DEFAULT_CONFIG), '--params-file', str(extra)]
+    node = rclpy.create_node('vla_policy_node', context=context, cli_args=args)
+    try:
+        return declare_parameters(node)
+    finally:
+        node.destroy_node()
+
+
+@pytest.mark.parametrize('override, message', [
+    ({'control_rate_hz': 5000.0},
+     "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
+    ({'control_rate_hz': 20}, "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
+    ({'num_threads': -1}, "parameter 'num_threads' must be an integer in [0, 256]"),
+    ({'limits': {'max_step': 'abc'}},
+     "parameter 'limits.max_step' must be a double in [1e-06, 10.0]"),
+    ({'control_rate': 20.0}, "unknown parameters: ['control_rate']"),
+])
+def test_declare_refuses_wrong_types_ranges_and_unknown_names(context, tmp_path, override,
+                                                              message):
+    with pytest.raises(ParameterError) as error:
+        declared(context, tmp_path, override)
+    assert str(error.value) == message
+
+
+def test_declare_accepts_default_yaml(context, tmp_path):
+    assert declared(context, tmp_path, {}).control_rate_hz == DEFAULTS['control_rate_hz']
+
+
+def test_required_robot_description_has_no_default(context):
+    node = rclpy.create_node('vla_policy_node', context=context)
+    try:
+        with pytest.raises(ParameterError) as error:
+            declare_parameters(node)
+    finally:
+        node.destroy_node()
+    assert str(error.value) == "parameter 'camera_topics' is required: it must be a string array"
+
+
+def test_runtime_changes_are_validated_and_read_only_parameters_refused(context):
+    from vla_policy_node.ros.node import VlaPolicyNode
+    node = VlaPolicyNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG)])
+    try:
+        result = node.set_parameters([Parameter('limits.lower', value=[-1.0] * 5)])[0]
+        assert not result.successful
+        assert result.reason == (
+            "parameter 'limits.lower' has 5 entries, expected one per joint (6)")
+        result = node.set_parameters([Parameter('command_topic', value='/elsewhere')])[0]
+        assert not result.successful and 'read-only' in result.reason
+        assert node.get_parameter('command_topic').value == DEFAULTS['command_topic']
+        result = node.set_parameters([Parameter('max_observation_age', value=0.8)])[0]
+        assert result.successful
+        assert node._settings.max_observation_age == 0.8
+    finally:
+        node.stop()
+        node.destroy_node()
+
+
+@pytest.mark.dds
+@pytest.mark.parametrize('override, message', [
+    ({'control_rate_hz': 0.0}, "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
+    ({'limits': {'lower': [-1.0] * 5}},
+     "parameter 'limits.lower' has 5 entries, expected one per joint (6)"),
+    ({'camera_name': ['front']}, "unknown parameters: ['camera_name']"),
+])
+def test_node_exits_1_with_the_reason_on_a_bad_params_file(tmp_path: Path, override, message):
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text(yaml.safe_dump({'/**': {'ros__parameters': override}}))
+    node = NodeProcess([DEFAULT_CONFIG, bad], next_domain_id())
+    try:
+        assert node.wait(timeout=60.0) == 1, node.output
+    finally:
+        node.kill()
+    assert f'[vla_policy_node]: cannot start: {message}' in node.output

@@ -1,0 +1,118 @@
+"""
+Motion limits, finiteness and staleness checks for joint commands; pure numpy, fail closed.
+
+The node calls these on every command it is about to publish. They never import rclpy, so the
+same rules are unit-tested without ROS and can be reused by any other front end.
+
+Clamping order matters. The target is first clipped into the position limits, then the step
+from the previous command is limited to ``min(max_step, max_velocity * dt)`` per joint. When
+the robot starts outside its limits (a joint state slightly past a soft limit), the command
+therefore walks back inside at the allowed rate instead of jumping to the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+
+import numpy as np
+
+
+class SafetyError(ValueError):
+    """A command, a state or a limit failed a safety check; the caller must hold instead."""
+
+
+def check_finite(values: np.ndarray, what: str) -> np.ndarray:
+    """
+    Return ``values`` as float64, or raise :class:`SafetyError` naming the bad indices.
+
+    Non-finite numbers reach here from NaN joint states or a diverging policy; neither may
+    become a command.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        raise SafetyError(f'{what} has non-finite values at indices {bad.tolist()}')
+    return array
+
+
+def observation_age(stamp: float, now: float) -> float:
+    """Seconds between an observation's time and ``now`` (negative if it is from the future)."""
+    return now - stamp
+
+
+def is_fresh(stamp: float | None, now: float, max_age: float) -> bool:
+    """
+    Whether an observation taken at ``stamp`` may still drive a command at ``now``.
+
+    A missing stamp is never fresh, and neither is one from the future by more than
+    ``max_age`` (a clock jump): fail closed rather than trust either.
+    """
+    if stamp is None or not math.isfinite(stamp):
+        return False
+    return abs(observation_age(stamp, now)) <= max_age
+
+
+@dataclass(frozen=True)
+class MotionLimits:
+    """
+    Per-joint position limits and rate limits that every published command obeys.
+
+    lower, upper, max_velocity: shape (J,), one entry per configured joint (rad or m, and per s).
+    max_step: the largest change of any joint between two consecutive commands, whatever dt is;
+    it bounds the jump after a stall, when ``max_velocity * dt`` would be large.
+    """
+
+    lower: np.ndarray
+    upper: np.ndarray
+    max_velocity: np.ndarray
+    max_step: float
+
+    def __post_init__(self) -> None:
+        lower = check_finite(self.lower, 'lower position limits').reshape(-1)
+        upper = check_finite(self.upper, 'upper position limits').reshape(-1)
+        velocity = check_finite(self.max_velocity, 'max_velocity').reshape(-1)
+        if not (lower.size == upper.size == velocity.size) or lower.size == 0:
+            raise SafetyError(
+                'lower, upper and max_velocity need one entry per joint, got '
+                f'{lower.size}, {upper.size} and {velocity.size}')
+        if np.any(lower >= upper):
+            bad = np.flatnonzero(lower >= upper).tolist()
+            raise SafetyError(f'lower position limit must be below upper at joint indices {bad}')
+        if np.any(velocity <= 0.0):
+            bad = np.flatnonzero(velocity <= 0.0).tolist()
+            raise SafetyError(f'max_velocity must be positive at joint indices {bad}')
+        if not (math.isfinite(self.max_step) and self.max_step > 0.0):
+            raise SafetyError(f'max_step must be positive and finite, got {self.max_step}')
+        for name, value in (('lower', lower), ('upper', upper), ('max_velocity', velocity)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+
+    @property
+    def num_joints(self) -> int:
+        """Return the number of joints these limits describe."""
+        return int(self.lower.size)
+
+    def clamp(self, command: np.ndarray, previous: np.ndarray,
+              dt: float) -> tuple[np.ndarray, int]:
+        """
+        Limit ``command`` (J,) to the position limits and to one step from ``previous`` (J,).
+
+        Returns the safe command and how many joints were changed by either limit. Raises
+        :class:`SafetyError` on a wrong shape, non-finite input or a non-positive ``dt``.
+        """
+        target = check_finite(command, 'command').reshape(-1)
+        start = check_finite(previous, 'previous command').reshape(-1)
+        if target.size != self.num_joints or start.size != self.num_joints:
+            raise SafetyError(
+                f'expected {self.num_joints} joint values, got command {target.size} '
+                f'and previous {start.size}')
+        if not (math.isfinite(dt) and dt > 0.0):
+            raise SafetyError(f'dt must be positive and finite, got {dt}')
+        clipped = np.clip(target, self.lower, self.upper)
+        max_delta = np.minimum(self.max_velocity * dt, self.max_step)
+        step_limited = np.abs(clipped - start) > max_delta
+        safe = np.where(step_limited,
+                        start + np.clip(clipped - start, -max_delta, max_delta), clipped)
+        n_clamped = int(np.count_nonzero(step_limited | (clipped != target)))
+        return safe, n_clamped

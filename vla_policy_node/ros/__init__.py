@@ -1,0 +1,1 @@
+"""The ROS 2 layer: parameters, QoS, message conversions, diagnostics and the node itself."""

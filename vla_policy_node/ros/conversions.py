@@ -1,0 +1,195 @@
+"""
+ROS messages <-> numpy: camera images, joint states, instructions and joint commands.
+
+Everything that crosses the ROS boundary is checked here, and every rejection raises
+:class:`ConversionError` with a message a person can act on (the node logs it, rate-limited,
+and sends no command). This module deliberately does not import torch: conversions are cheap
+and run in subscription callbacks, the policy only sees validated numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+import unicodedata
+
+from builtin_interfaces.msg import Duration
+import numpy as np
+from sensor_msgs.msg import Image
+from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+
+class ConversionError(ValueError):
+    """A message could not be turned into policy input or a command; the message says why."""
+
+
+# encoding -> (channels, index of R, G, B within a pixel); mono8 is replicated to 3 channels.
+IMAGE_ENCODINGS = {
+    'rgb8': (3, (0, 1, 2)),
+    'bgr8': (3, (2, 1, 0)),
+    'rgba8': (4, (0, 1, 2)),
+    'bgra8': (4, (2, 1, 0)),
+    'mono8': (1, (0, 0, 0)),
+}
+
+
+def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
+    """
+    Convert a ``sensor_msgs/Image`` to a contiguous uint8 RGB array of shape (H, W, 3).
+
+    Rows may be padded (``step`` > width * channels); the padding is dropped. The data length
+    must be exactly ``step * height``: anything else means a truncated or mislabelled frame.
+    """
+    encoding = msg.encoding.lower()
+    if encoding not in IMAGE_ENCODINGS:
+        raise ConversionError(
+            f"unsupported image encoding '{msg.encoding}' "
+            f"(supported: {', '.join(IMAGE_ENCODINGS)})")
+    channels, rgb_index = IMAGE_ENCODINGS[encoding]
+    height, width, step = int(msg.height), int(msg.width), int(msg.step)
+    if height <= 0 or width <= 0:
+        raise ConversionError(f'image has no pixels ({width}x{height})')
+    if height * width > max_pixels:
+        raise ConversionError(
+            f'image is {width}x{height}, more than the {max_pixels} pixels accepted')
+    row_bytes = width * channels
+    if step < row_bytes:
+        raise ConversionError(
+            f'image step {step} is smaller than width * channels = {row_bytes} for {encoding}')
+    if len(msg.data) != step * height:
+        raise ConversionError(
+            f'image data has {len(msg.data)} bytes, expected step * height = {step * height}')
+    data = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(height, step)
+    pixels = data[:, :row_bytes].reshape(height, width, channels)
+    return np.ascontiguousarray(pixels[:, :, list(rgb_index)])
+
+
+def rgb_to_image(rgb: np.ndarray, frame_id: str = '') -> Image:
+    """Pack a uint8 (H, W, 3) RGB array into an rgb8 ``sensor_msgs/Image`` (used by the sim)."""
+    array = np.ascontiguousarray(rgb, dtype=np.uint8)
+    if array.ndim != 3 or array.shape[2] != 3:
+        raise ConversionError(f'expected an (H, W, 3) array, got shape {array.shape}')
+    msg = Image()
+    msg.header.frame_id = frame_id
+    msg.height, msg.width = int(array.shape[0]), int(array.shape[1])
+    msg.encoding = 'rgb8'
+    msg.step = msg.width * 3
+    msg.data = array.tobytes()
+    return msg
+
+
+@dataclass(frozen=True)
+class JointStateUpdate:
+    """
+    The state vector after merging one ``JointState`` message.
+
+    positions: (J,) in configured order; updated: (J,) bool, the joints this message named;
+    unknown_joints: names in the message that the node does not drive.
+    """
+
+    positions: np.ndarray
+    updated: np.ndarray
+    unknown_joints: tuple[str, ...]
+
+
+def merge_joint_state(names: Sequence[str], positions: Sequence[float],
+                      joint_order: Sequence[str], current: np.ndarray) -> JointStateUpdate:
+    """
+    Write a ``JointState``'s positions into a copy of ``current`` in ``joint_order``.
+
+    Publishers split joints over several messages and order them as they like, so a message
+    may name any subset of the joints in any order; joints it does not name keep their value
+    in ``current`` (NaN until first seen). Names outside ``joint_order`` are reported, not
+    fatal. A NaN or infinite position for a configured joint, duplicated names, or fewer
+    positions than names reject the whole message.
+    """
+    if len(positions) != len(names):
+        raise ConversionError(
+            f'joint state has {len(names)} names but {len(positions)} positions')
+    if len(set(names)) != len(names):
+        duplicated = sorted({name for name in names if list(names).count(name) > 1})
+        raise ConversionError(f'joint state names are duplicated: {duplicated}')
+    index = {name: i for i, name in enumerate(joint_order)}
+    merged = np.array(current, dtype=np.float64, copy=True)
+    updated = np.zeros(len(joint_order), dtype=bool)
+    unknown = []
+    for name, value in zip(names, positions):
+        if name not in index:
+            unknown.append(name)
+            continue
+        if not np.isfinite(value):
+            raise ConversionError(f"joint state position of '{name}' is not finite ({value})")
+        merged[index[name]] = float(value)
+        updated[index[name]] = True
+    return JointStateUpdate(positions=merged, updated=updated, unknown_joints=tuple(unknown))
+
+
+def missing_joints(positions: np.ndarray, joint_order: Sequence[str]) -> list[str]:
+    """Names of the configured joints that no message has given a position yet."""
+    return [name for name, value in zip(joint_order, positions) if np.isnan(value)]
+
+
+def instruction_text(text: str, max_length: int) -> str:
+    """
+    Validate a language instruction and return it stripped of surrounding whitespace.
+
+    Empty, oversized or control-character-laden strings are refused: they would make the
+    policy act on a task nobody meant to give it.
+    """
+    if len(text) > max_length:
+        raise ConversionError(
+            f'instruction has {len(text)} characters, more than max_instruction_length '
+            f'= {max_length}')
+    stripped = text.strip()
+    if not stripped:
+        raise ConversionError('instruction is empty')
+    control = sorted({hex(ord(c)) for c in stripped
+                      if unicodedata.category(c) in ('Cc', 'Cs') and c not in '\t\n'})
+    if control:
+        raise ConversionError(f'instruction contains control characters {control}')
+    return stripped
+
+
+def _duration(seconds: float) -> Duration:
+    nanoseconds = int(round(seconds * 1e9))
+    return Duration(sec=nanoseconds // 1_000_000_000, nanosec=nanoseconds % 1_000_000_000)
+
+
+def chunk_to_joint_trajectory(actions: np.ndarray, joint_names: Sequence[str],
+                              dt: float) -> JointTrajectory:
+    """
+    Turn actions (T, J) into a ``JointTrajectory`` whose point i is reached at (i + 1) * dt.
+
+    The header stamp stays zero, which joint_trajectory_controller reads as "start now"; that
+    avoids any dependence on clock agreement between this node and the controller.
+    """
+    array = np.asarray(actions, dtype=np.float64)
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] != len(joint_names):
+        raise ConversionError(
+            f'expected actions of shape (T, {len(joint_names)}), got {array.shape}')
+    if not np.all(np.isfinite(array)):
+        raise ConversionError('actions contain non-finite values')
+    if not dt > 0.0:
+        raise ConversionError(f'dt must be positive, got {dt}')
+    msg = JointTrajectory()
+    msg.joint_names = list(joint_names)
+    for i, row in enumerate(array):
+        point = JointTrajectoryPoint()
+        point.positions = row.tolist()
+        point.time_from_start = _duration((i + 1) * dt)
+        msg.points.append(point)
+    return msg
+
+
+def action_to_float64_multiarray(action: np.ndarray) -> Float64MultiArray:
+    """Turn one action (J,) into the ``Float64MultiArray`` forward_command_controller expects."""
+    array = np.asarray(action, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(array)):
+        raise ConversionError('action contains non-finite values')
+    msg = Float64MultiArray()
+    msg.layout.dim.append(MultiArrayDimension(label='joints', size=array.size, stride=array.size))
+    msg.data = array.tolist()
+    return msg

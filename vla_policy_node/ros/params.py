@@ -1,0 +1,327 @@
+"""
+Declared parameters of the policy node: descriptors with ranges, validation, typed settings.
+
+Every tunable is declared here with a description, a type and a range, so that
+``ros2 param describe`` explains it and out-of-range values are refused by rclpy itself.
+Cross-parameter rules (one limit per joint, one camera name per topic, known enum values)
+live in :func:`settings_from_values`, a pure function over a name -> value mapping that the
+node uses at start-up (raising :class:`ParameterError`, like joy_teleop) and in its on-set
+callback (returning the same message as the rejection reason, changing nothing).
+
+Parameters that decide what is loaded or where commands go are read-only: changing them
+under a running controller would silently redirect or replace the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from rclpy.exceptions import ParameterException, ParameterUninitializedException
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+
+from vla_policy_node.core.chunking import BLEND_MODES
+from vla_policy_node.core.safety import MotionLimits, SafetyError
+
+COMMAND_INTERFACES = ('joint_trajectory', 'forward_command')
+DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+class ParameterError(ValueError):
+    """A parameter value, or a combination of values, that the node refuses to run with."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One declared parameter: its default (or required type), description and bounds."""
+
+    name: str
+    default: Any
+    description: str
+    read_only: bool = True
+    bounds: tuple[float, float] | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> bool:
+        """Tell whether the parameter has no default (it describes the robot: from YAML)."""
+        return isinstance(self.default, Parameter.Type)
+
+    def requirement(self) -> str:
+        """Say in words what a valid value looks like, for error messages."""
+        kind = (self.default if self.required else Parameter.Type.from_parameter_value(
+            self.default)).name.lower().replace('_', ' ')
+        text = f"must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+        if self.bounds is not None:
+            text += f' in [{self.bounds[0]}, {self.bounds[1]}]'
+        if self.choices:
+            text += f" (one of {', '.join(self.choices)})"
+        return text
+
+    def descriptor(self) -> ParameterDescriptor:
+        """Build the ROS descriptor, with a range where the parameter has one."""
+        descriptor = ParameterDescriptor(
+            name=self.name, description=self.description, read_only=self.read_only)
+        if self.choices:
+            descriptor.additional_constraints = f"one of: {', '.join(self.choices)}"
+        if self.bounds is not None:
+            low, high = self.bounds
+            if isinstance(self.default, int) and not isinstance(self.default, bool):
+                descriptor.integer_range = [IntegerRange(from_value=int(low), to_value=int(high))]
+            else:
+                descriptor.floating_point_range = [
+                    FloatingPointRange(from_value=float(low), to_value=float(high))]
+        return descriptor
+
+
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty runs the tiny random model '
+              '(random weights: for plumbing and timing only).'),
+    ParamSpec('device', 'auto', 'Torch device: auto, cpu, cuda or cuda:N. CUDA falls back to '
+              'the CPU, with a log line, where no GPU exists.'),
+    ParamSpec('dtype', 'float32', 'Weights and activation dtype.', choices=DTYPES),
+    ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
+              bounds=(0, 256)),
+    ParamSpec('tiny_model.chunk_size', 16, 'Actions per chunk of the tiny random model.',
+              bounds=(1, 256)),
+    ParamSpec('tiny_model.num_steps', 5, 'Flow-matching Euler steps of the tiny random model.',
+              bounds=(1, 100)),
+    ParamSpec('tiny_model.seed', 0, 'Seed of the tiny random model\'s weights.',
+              bounds=(0, 2**31 - 1)),
+    ParamSpec('camera_topics', Parameter.Type.STRING_ARRAY,
+              'sensor_msgs/Image topics, one per camera the policy sees.'),
+    ParamSpec('camera_names', Parameter.Type.STRING_ARRAY,
+              'Policy camera feature for each topic, in the same order ("front" means '
+              '"observation.images.front").'),
+    ParamSpec('instruction_topic', 'instruction',
+              'std_msgs/String topic carrying the task (reliable, transient local).'),
+    ParamSpec('joint_states_topic', '/joint_states', 'sensor_msgs/JointState topic.'),
+    ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
+              'Joints in the order of the policy\'s state and action vectors.'),
+    ParamSpec('command_interface', 'joint_trajectory',
+              'joint_trajectory (trajectory_msgs/JointTrajectory, joint_trajectory_controller) '
+              'or forward_command (std_msgs/Float64MultiArray, forward_command_controller).',
+              choices=COMMAND_INTERFACES),
+    ParamSpec('command_topic', 'joint_trajectory_controller/joint_trajectory',
+              'Topic the joint commands are published on.'),
+    ParamSpec('control_rate_hz', 20.0, 'Rate at which actions are executed from the chunk '
+              'queue.', bounds=(1.0, 1000.0)),
+    ParamSpec('chunking.horizon', 0, 'Actions executed from each chunk before it is replaced; '
+              '0 uses the whole chunk.', bounds=(0, 256)),
+    ParamSpec('chunking.refill_threshold', 0.5, 'Request the next chunk when this fraction of '
+              'the horizon is left.', bounds=(0.0, 1.0)),
+    ParamSpec('chunking.blend', 'latest', 'How a new chunk joins the queued actions.',
+              choices=BLEND_MODES),
+    ParamSpec('chunking.blend_weight', 0.5, 'Weight of the new chunk for blend=weighted.',
+              bounds=(0.0, 1.0)),
+    ParamSpec('chunking.ensemble_decay', 0.1, 'Exponential decay for blend=temporal_ensemble.',
+              bounds=(0.0, 10.0)),
+    ParamSpec('chunking.rtc_max_guidance_weight', 10.0, 'Clip of the real-time chunking '
+              'guidance weight for blend=rtc.', bounds=(0.01, 100.0)),
+    ParamSpec('max_observation_age', 0.5, 'Seconds after which an input counts as stale; no '
+              'command is computed or sent from stale inputs.', read_only=False,
+              bounds=(0.01, 10.0)),
+    ParamSpec('reset_on_instruction_change', True, 'Start a new episode (reset cache and '
+              'queue) when the instruction changes.', read_only=False),
+    ParamSpec('max_instruction_length', 2000, 'Longer instructions are refused.',
+              read_only=False, bounds=(1, 100000)),
+    ParamSpec('limits.lower', Parameter.Type.DOUBLE_ARRAY,
+              'Lower position limit per joint (same order as joint_names).', read_only=False),
+    ParamSpec('limits.upper', Parameter.Type.DOUBLE_ARRAY,
+              'Upper position limit per joint (same order as joint_names).', read_only=False),
+    ParamSpec('limits.max_velocity', Parameter.Type.DOUBLE_ARRAY,
+              'Maximum speed per joint (units per second).', read_only=False),
+    ParamSpec('limits.max_step', 0.1, 'Maximum change of any joint between two commands.',
+              read_only=False, bounds=(1e-6, 10.0)),
+    ParamSpec('diagnostics_period', 1.0, 'Seconds between /diagnostics messages.',
+              bounds=(0.1, 60.0)),
+)
+
+SPECS = {spec.name: spec for spec in PARAMETERS}
+
+
+@dataclass(frozen=True)
+class ChunkingSettings:
+    """What the node passes to the ChunkScheduler (horizon 0 = the policy's chunk size)."""
+
+    horizon: int
+    refill_threshold: float
+    blend: str
+    blend_weight: float
+    ensemble_decay: float
+    rtc_max_guidance_weight: float
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Validated parameter values, the only form in which the node reads its configuration."""
+
+    checkpoint: str
+    device: str
+    dtype: str
+    num_threads: int
+    tiny_chunk_size: int
+    tiny_num_steps: int
+    tiny_seed: int
+    camera_topics: tuple[str, ...]
+    camera_names: tuple[str, ...]
+    instruction_topic: str
+    joint_states_topic: str
+    joint_names: tuple[str, ...]
+    command_interface: str
+    command_topic: str
+    control_rate_hz: float
+    chunking: ChunkingSettings
+    max_observation_age: float
+    reset_on_instruction_change: bool
+    max_instruction_length: int
+    limits: MotionLimits
+    diagnostics_period: float
+
+
+def _check_device(device: str) -> None:
+    if device in ('auto', 'cpu', 'cuda'):
+        return
+    if device.startswith('cuda:') and device[5:].isdigit():
+        return
+    raise ParameterError(f"parameter 'device' = '{device}' must be auto, cpu, cuda or cuda:N")
+
+
+def _check_names(name: str, values: tuple[str, ...]) -> None:
+    if not values:
+        raise ParameterError(f"parameter '{name}' must not be empty")
+    if any(not value.strip() for value in values):
+        raise ParameterError(f"parameter '{name}' has an empty entry")
+    if len(set(values)) != len(values):
+        raise ParameterError(f"parameter '{name}' has duplicated entries: {list(values)}")
+
+
+def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
+    """
+    Check every value and every cross-parameter rule; return settings or raise ParameterError.
+
+    ``values`` maps each name in :data:`PARAMETERS` to its value. The rules checked by rclpy
+    through the descriptors (type, range) are checked again here so that this function alone
+    decides, and can be unit-tested without a node.
+    """
+    for spec in PARAMETERS:
+        if spec.name not in values:
+            raise ParameterError(f"parameter '{spec.name}' is required: it {spec.requirement()}")
+        value = values[spec.name]
+        if spec.choices and value not in spec.choices:
+            raise ParameterError(
+                f"parameter '{spec.name}' = '{value}' {spec.requirement()}")
+        if spec.bounds is not None and not spec.bounds[0] <= value <= spec.bounds[1]:
+            raise ParameterError(f"parameter '{spec.name}' = {value} {spec.requirement()}")
+    _check_device(values['device'])
+    cameras = tuple(values['camera_topics'])
+    names = tuple(values['camera_names'])
+    joints = tuple(values['joint_names'])
+    _check_names('camera_topics', cameras)
+    _check_names('camera_names', names)
+    _check_names('joint_names', joints)
+    if len(cameras) != len(names):
+        raise ParameterError(
+            f'camera_topics has {len(cameras)} entries but camera_names has {len(names)}; '
+            'give one name per topic')
+    for key in ('instruction_topic', 'joint_states_topic', 'command_topic'):
+        if not values[key].strip():
+            raise ParameterError(f"parameter '{key}' must not be empty")
+    for key in ('limits.lower', 'limits.upper', 'limits.max_velocity'):
+        if len(values[key]) != len(joints):
+            raise ParameterError(
+                f"parameter '{key}' has {len(values[key])} entries, expected one per joint "
+                f'({len(joints)})')
+    try:
+        limits = MotionLimits(
+            lower=np.array(values['limits.lower'], dtype=np.float64),
+            upper=np.array(values['limits.upper'], dtype=np.float64),
+            max_velocity=np.array(values['limits.max_velocity'], dtype=np.float64),
+            max_step=float(values['limits.max_step']))
+    except SafetyError as error:
+        raise ParameterError(f'invalid limits: {error}') from error
+    return NodeSettings(
+        checkpoint=values['checkpoint'],
+        device=values['device'],
+        dtype=values['dtype'],
+        num_threads=values['num_threads'],
+        tiny_chunk_size=values['tiny_model.chunk_size'],
+        tiny_num_steps=values['tiny_model.num_steps'],
+        tiny_seed=values['tiny_model.seed'],
+        camera_topics=cameras,
+        camera_names=names,
+        instruction_topic=values['instruction_topic'],
+        joint_states_topic=values['joint_states_topic'],
+        joint_names=joints,
+        command_interface=values['command_interface'],
+        command_topic=values['command_topic'],
+        control_rate_hz=values['control_rate_hz'],
+        chunking=ChunkingSettings(
+            horizon=values['chunking.horizon'],
+            refill_threshold=values['chunking.refill_threshold'],
+            blend=values['chunking.blend'],
+            blend_weight=values['chunking.blend_weight'],
+            ensemble_decay=values['chunking.ensemble_decay'],
+            rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight']),
+        max_observation_age=values['max_observation_age'],
+        reset_on_instruction_change=values['reset_on_instruction_change'],
+        max_instruction_length=values['max_instruction_length'],
+        limits=limits,
+        diagnostics_period=values['diagnostics_period'],
+    )
+
+
+def declare_parameters(node: Node) -> NodeSettings:
+    """
+    Declare every parameter on ``node`` and return the validated settings.
+
+    Raises :class:`ParameterError` for a value of the wrong type or out of range, a missing
+    required value, an override naming no declared parameter (a typo would otherwise be
+    ignored silently), or a failed cross-parameter rule.
+    """
+    values = {}
+    for spec in PARAMETERS:
+        try:
+            node.declare_parameter(spec.name, spec.default, spec.descriptor())
+            values[spec.name] = node.get_parameter(spec.name).value
+        except ParameterUninitializedException as error:
+            raise ParameterError(
+                f"parameter '{spec.name}' is required: it {spec.requirement()}") from error
+        except ParameterException as error:
+            raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}") from error
+    unknown = sorted(set(_override_names(node)) - set(SPECS) - {'use_sim_time'})
+    if unknown:
+        raise ParameterError(f'unknown parameters: {unknown}')
+    return settings_from_values(values)
+
+
+def _override_names(node: Node) -> Iterable[str]:
+    """Names given in parameter files and -p flags (rclpy keeps them on the node)."""
+    return getattr(node, '_parameter_overrides', {}).keys()
+
+
+def validate_change(current: Mapping[str, Any], changes: Iterable[Parameter]) -> str | None:
+    """
+    Return why ``changes`` applied on top of ``current`` would be invalid, or None if fine.
+
+    Used by the on-set callback: it only decides; the node changes state in its post-set
+    callback from the values it then reads back.
+    """
+    merged = dict(current)
+    for parameter in changes:
+        if parameter.name in SPECS:
+            merged[parameter.name] = parameter.value
+    try:
+        settings_from_values(merged)
+    except ParameterError as error:
+        return str(error)
+    return None
+
+
+def current_values(node: Node) -> dict[str, Any]:
+    """Return the declared parameters' current values, by name."""
+    return {spec.name: node.get_parameter(spec.name).value for spec in PARAMETERS}

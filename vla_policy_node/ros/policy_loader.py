@@ -1,0 +1,71 @@
+"""
+Build the policy the node drives: device choice, torch threads, tiny model or checkpoint.
+
+Kept apart from node.py because it is the only ROS-side module that touches torch. A CUDA
+request on a machine without a usable GPU falls back to the CPU instead of failing, with a
+WARN line: a robot should rather run slowly than not start because of a config copied from
+a GPU machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vla_policy_node.core.policy import resolve_device
+from vla_policy_node.models import build_tiny_policy, load_policy
+from vla_policy_node.ros.params import NodeSettings
+
+
+class PolicyLoadError(RuntimeError):
+    """The policy could not be built or does not fit the configured robot."""
+
+
+def feature_names(camera_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Full policy feature names ("observation.images.front") for configured camera names."""
+    prefix = 'observation.images.'
+    return tuple(name if name.startswith(prefix) else prefix + name for name in camera_names)
+
+
+def make_policy(settings: NodeSettings, info: Callable[[str], None],
+                warn: Callable[[str], None]) -> Any:
+    """Build or load the policy, check it fits the configured cameras and joints, warm it up."""
+    try:
+        torch_device, fallback = resolve_device(settings.device)
+    except ValueError as error:
+        raise PolicyLoadError(str(error)) from error
+    if fallback:
+        warn(fallback)
+    device = str(torch_device)
+    if settings.num_threads > 0:
+        torch.set_num_threads(settings.num_threads)
+    cameras = feature_names(settings.camera_names)
+    joints = len(settings.joint_names)
+    try:
+        if settings.checkpoint:
+            policy = load_policy(settings.checkpoint, device=device, dtype=settings.dtype)
+        else:
+            policy = build_tiny_policy(
+                camera_names=cameras, state_dim=joints, action_dim=joints,
+                chunk_size=settings.tiny_chunk_size, num_steps=settings.tiny_num_steps,
+                device=device, dtype=settings.dtype, seed=settings.tiny_seed)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise PolicyLoadError(f'could not load the policy: {error}') from error
+    unknown = sorted(set(cameras) - set(policy.camera_names))
+    if unknown:
+        raise PolicyLoadError(
+            f'camera_names {unknown} are not inputs of the policy '
+            f'(it has {list(policy.camera_names)})')
+    if policy.state_dim != joints or policy.action_dim != joints:
+        raise PolicyLoadError(
+            f'the policy has state_dim {policy.state_dim} and action_dim {policy.action_dim}, '
+            f'but joint_names has {joints} joints')
+    horizon = settings.chunking.horizon
+    if horizon > policy.chunk_size:
+        raise PolicyLoadError(
+            f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
+    policy.warmup(policy.dummy_observation())
+    info(f'policy ready: {policy.describe()}')
+    return policy

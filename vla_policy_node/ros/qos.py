@@ -1,0 +1,51 @@
+"""
+One named QoS profile per stream, so publishers and subscribers agree by construction.
+
+Best-effort subscriptions accept both reliable and best-effort publishers, which is why the
+high-rate sensor streams use them; the instruction and the commands must not be lost.
+"""
+
+from rclpy.qos import (
+    DurabilityPolicy,
+    HistoryPolicy,
+    QoSProfile,
+    qos_profile_sensor_data,
+    ReliabilityPolicy,
+)
+
+# Camera frames: only the newest frame matters and drivers publish best effort.
+CAMERA_QOS: QoSProfile = qos_profile_sensor_data
+
+# The task: reliable and transient-local, so a node started after the instruction still
+# receives it, and only the latest instruction counts.
+INSTRUCTION_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.TRANSIENT_LOCAL,
+)
+
+# Joint states: a short best-effort queue, compatible with joint_state_broadcaster (reliable)
+# and with best-effort drivers; partial messages from several publishers must not be dropped.
+JOINT_STATES_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=ReliabilityPolicy.BEST_EFFORT,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
+# Commands to ros2_control controllers, which subscribe reliable and volatile.
+COMMAND_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
+# /diagnostics, as diagnostic_aggregator and rqt_robot_monitor expect it.
+DIAGNOSTICS_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)

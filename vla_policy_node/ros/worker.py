@@ -1,0 +1,135 @@
+"""
+The inference thread: runs the policy off the executor so no callback ever waits for it.
+
+Only this thread calls the policy (``predict_action_chunk``, ``reset``), so a reset that
+arrives during inference is applied after the running step, never in the middle of it. The
+step's chunk is still handed back, and the ChunkScheduler discards it because its request
+belongs to the previous episode: a chunk of the old episode is never executed in the new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from vla_policy_node.core.chunking import ChunkRequest
+
+POLICY_COUNTERS = ('control_steps', 'prefix_passes', 'denoise_steps', 'cache_resets')
+POLICY_STAGES = ('prefix', 'denoise', 'total')
+
+ResultCallback = Callable[[ChunkRequest, 'np.ndarray | None', 'str | None', float], None]
+
+
+class InferenceWorker:
+    """
+    One background thread, one job at a time; results go to ``on_result``.
+
+    ``on_result(request, chunk, error, finished_at)`` receives either the chunk (T, A) of
+    batch item 0 or an error message; ``finished_at`` is ``clock()`` after inference.
+    """
+
+    def __init__(self, policy: Any, on_result: ResultCallback,
+                 clock: Callable[[], float]) -> None:
+        self._policy = policy
+        self._on_result = on_result
+        self._clock = clock
+        self._condition = threading.Condition()
+        self._job: tuple[ChunkRequest, dict[str, Any]] | None = None
+        self._reset_pending = False
+        self._busy = False
+        self._stopping = False
+        self._stats = self._snapshot()
+        self._thread = threading.Thread(target=self._run, name='vla_inference', daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (after the policy is warmed up)."""
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """Tell whether a job is queued or running."""
+        with self._condition:
+            return self._busy
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """
+        Return the policy's counters and (p50, p95) latencies after its last step or reset.
+
+        Taken by this thread right after each policy call, so readers never race the policy's
+        own bookkeeping and never wait for a running step.
+        """
+        with self._condition:
+            return self._stats
+
+    def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool:
+        """Queue one inference; False (and nothing queued) while another one is in progress."""
+        with self._condition:
+            if self._busy or self._stopping:
+                return False
+            self._job = (request, observation)
+            self._busy = True
+            self._condition.notify()
+            return True
+
+    def request_reset(self) -> None:
+        """Reset the policy (prefix cache) before its next inference."""
+        with self._condition:
+            self._reset_pending = True
+            self._condition.notify()
+
+    def stop(self, timeout: float) -> bool:
+        """
+        Ask the thread to finish and wait at most ``timeout`` s; True if it has finished.
+
+        A step already running cannot be interrupted; it finishes on its own.
+        """
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(
+                    lambda: self._stopping or self._reset_pending or self._job is not None)
+                if self._stopping:
+                    return
+                reset, self._reset_pending = self._reset_pending, False
+                job, self._job = self._job, None
+            if reset:
+                self._policy.reset()
+                self._publish_stats()
+            if job is not None:
+                self._infer(*job)
+
+    def _infer(self, request: ChunkRequest, observation: dict[str, Any]) -> None:
+        chunk, error = None, None
+        started = time.perf_counter()
+        try:
+            chunk = np.asarray(
+                self._policy.predict_action_chunk(observation, rtc=request.rtc))[0]
+        except Exception as exc:  # noqa: B902 - a bad step must never kill the node
+            error = f'{type(exc).__name__}: {exc} (after {time.perf_counter() - started:.3f} s)'
+        self._publish_stats()
+        with self._condition:
+            self._busy = False
+        self._on_result(request, chunk, error, self._clock())
+
+    def _snapshot(self) -> dict[str, Any]:
+        stats = self._policy.stats
+        counters = {key: int(getattr(stats, key)) for key in POLICY_COUNTERS}
+        latencies = {stage: stats.latency(stage) for stage in POLICY_STAGES}
+        return {'counters': counters, 'latencies': latencies}
+
+    def _publish_stats(self) -> None:
+        snapshot = self._snapshot()
+        with self._condition:
+            self._stats = snapshot
