@@ -114,3 +114,11 @@ def test_bfloat16_tiny_policy_runs_close_to_float32():
     o = {"images": {"front": np.full((32, 32, 3), 90, np.uint8)}, "state": np.zeros(6), "task": "go"}
     noise = np.random.default_rng(0).normal(size=(1, 8, 32)).astype(np.float32)
     np.testing.assert_allclose(bf16.predict_action_chunk(o, noise), f32.predict_action_chunk(o, noise), atol=0.05)
+
+
+def test_warmup_does_not_count_as_control_steps():
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=3)
+    policy.warmup(policy.dummy_observation())
+    s = policy.stats
+    assert (s.control_steps, s.prefix_passes, s.denoise_steps, s.cache_resets) == (0, 0, 0, 0)
+    assert np.isnan(s.latency("total")[0]) and len(policy.runtime.cache) == 0

@@ -101,9 +101,16 @@ class Policy:
         """Episode boundary: drop the prefix cache."""
         self.runtime.reset()
 
-    def warmup(self, observation: Mapping) -> None:
-        """One inference on a representative observation, before the node reports ready."""
-        self.predict_action_chunk(observation)
+    def warmup(self, observation: Mapping, iterations: int = 2) -> None:
+        """Run inference on a representative observation before the node reports ready.
+
+        The first calls pay for allocator growth, kernel selection and (on CUDA) graph
+        capture; they are not control steps, so the counters and latencies start afresh.
+        """
+        for _ in range(iterations):
+            self.predict_action_chunk(observation)
+        self.runtime.cache.reset()
+        self.stats.clear()
 
     def dummy_observation(self) -> dict:
         """A valid observation of this policy's shapes (grey frames, zero state)."""

@@ -51,6 +51,11 @@ class RuntimeStats:
     window: int = 1000
     timings: dict[str, deque] = field(default_factory=dict)
 
+    def clear(self) -> None:
+        """Zero the counters and forget the latencies (after warm-up)."""
+        self.control_steps = self.prefix_passes = self.denoise_steps = self.cache_resets = 0
+        self.timings.clear()
+
     def record(self, stage: str, seconds: float) -> None:
         self.timings.setdefault(stage, deque(maxlen=self.window)).append(seconds)
 
