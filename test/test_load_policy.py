@@ -38,7 +38,7 @@ def test_raw_observation_to_actions_matches_lerobot(reference_dir, family, tol):
 
 @pytest.mark.parametrize("family", ["pi0", "pi05"])
 def test_openpi_layout_loads_the_same_policy(reference_dir, family, tmp_path):
-    """openpi's layout: un-rooted keys, embedding instead of LM head, assets/<id>/norm_stats.json."""
+    """Load openpi's layout: un-rooted keys, embedding instead of LM head, assets/<id>/norm_stats.json."""
     folder = reference_dir(family)
     lerobot_cfg = json.loads((folder / "config.json").read_text())
     weights = load_np(folder / "model.safetensors")

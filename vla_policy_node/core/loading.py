@@ -125,7 +125,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
 
 def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,
                         num_steps: int) -> smolvla.SmolVLAConfig:
-    """A SmolVLA small enough for CPU tests: 4 tokens per camera, 4 VLM and 4 expert layers."""
+    """Configure a SmolVLA small enough for CPU tests: 4 tokens per camera, 4 VLM and 4 expert layers."""
     text = DecoderSpec(width=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_width=128)
     return smolvla.SmolVLAConfig(
         text=text,
@@ -150,7 +150,7 @@ def init_weights(model: nn.Module, generator: torch.Generator) -> None:
 def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int = 6, action_dim: int = 6,
                       chunk_size: int = 16, num_steps: int = 5, device: str = "cpu", dtype: str = "float32",
                       seed: int = 0, attention_backend: str = "sdpa") -> Policy:
-    """The random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
+    """Build the random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
     if not camera_names:
         raise ValueError("the tiny policy needs at least one camera")
     cfg = tiny_smolvla_config(camera_names, state_dim, action_dim, chunk_size, num_steps)

@@ -55,7 +55,7 @@ class Normalizer:
         return lo, np.where(span == 0, np.float32(self.eps), span).astype(np.float32)
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
-        """Raw robot units (..., D) -> normalized (..., D), float32."""
+        """Map raw robot units (..., D) to normalized values (..., D), float32."""
         x = np.asarray(x, dtype=np.float32)
         self._check(x)
         if self.mode == "IDENTITY":
@@ -68,7 +68,7 @@ class Normalizer:
         return np.float32(2.0) * (x - lo) / span - np.float32(1.0)
 
     def unnormalize(self, x: np.ndarray) -> np.ndarray:
-        """Normalized (..., D) -> raw robot units (..., D), float32."""
+        """Map normalized values (..., D) back to raw robot units (..., D), float32."""
         x = np.asarray(x, dtype=np.float32)
         self._check(x)
         if self.mode == "IDENTITY":

@@ -23,7 +23,7 @@ def is_openpi_config(config: dict) -> bool:
 
 
 def lerobot_style_config(config: dict, state_dim: int, action_dim: int, image_size: int = 224) -> dict:
-    """The fields of a LeRobot pi0/pi0.5 ``config.json`` that an openpi config implies."""
+    """Translate to the fields of a LeRobot pi0/pi0.5 ``config.json`` that an openpi config implies."""
     pi05 = bool(config.get("pi05", False))
     max_dim = int(config.get("action_dim", 32))
     image = {"type": "VISUAL", "shape": [3, image_size, image_size]}
@@ -47,7 +47,7 @@ def lerobot_style_config(config: dict, state_dim: int, action_dim: int, image_si
 
 
 def norm_stats_file(folder: Path) -> Path:
-    """The single ``assets/<id>/norm_stats.json`` of the checkpoint."""
+    """Find the single ``assets/<id>/norm_stats.json`` of the checkpoint."""
     assets = ckpt.inside(folder, "assets")
     found = sorted(assets.glob("*/norm_stats.json")) if assets.is_dir() else []
     if len(found) != 1:

@@ -53,11 +53,11 @@ class VLAPrefixCache:
 
     @property
     def layers(self) -> tuple[tuple[Tensor, Tensor], ...]:
-        """The cached ``(key, value)`` pairs, one per layer."""
+        """Return the cached ``(key, value)`` pairs, one per layer."""
         return tuple(zip(self._keys, self._values))
 
     def layer(self, layer_idx: int) -> tuple[Tensor, Tensor]:
-        """Cached ``(key, value)`` of one layer, each ``(B, H_kv, L, D)``."""
+        """Return the cached ``(key, value)`` of one layer, each ``(B, H_kv, L, D)``."""
         self._check_index(layer_idx, len(self) - 1)
         return self._keys[layer_idx], self._values[layer_idx]
 
@@ -181,7 +181,7 @@ class VLAPrefixCache:
         super().__setattr__(name, value)
 
     def batch_slice(self, index: int) -> "VLAPrefixCache":
-        """A frozen batch-1 view of request ``index`` (no copy)."""
+        """Return a frozen batch-1 view of request ``index`` (no copy)."""
         out = VLAPrefixCache(self._windows)
         out._keys = [k[index:index + 1] for k in self._keys]
         out._values = [v[index:index + 1] for v in self._values]
@@ -208,7 +208,7 @@ class PrefixContext:
 
 
 def slice_prefix_context(context: PrefixContext, index: int) -> PrefixContext:
-    """A batch-1 view of request ``index`` of a batched prefix context."""
+    """Return a batch-1 view of request ``index`` of a batched prefix context."""
     if not 0 <= index < context.batch_size:
         raise IndexError(f"request index {index} outside batch of {context.batch_size}")
 

@@ -52,7 +52,7 @@ def camera_key(name: str) -> str:
 
 
 def newline_prompt(task: str, state: np.ndarray) -> str:
-    """SmolVLA / pi0 prompt: the task, ending in a newline."""
+    """Build the SmolVLA prompt: the task, ending in a newline."""
     return task if task.endswith("\n") else task + "\n"
 
 

@@ -19,7 +19,7 @@ class TokenizerNotFound(FileNotFoundError):
 
 
 def hf_cache_dirs() -> list[Path]:
-    """The Hugging Face hub cache folders, in the order ``huggingface_hub`` uses them."""
+    """Return the Hugging Face hub cache folders, in the order ``huggingface_hub`` uses them."""
     if os.environ.get("HF_HUB_CACHE"):
         return [Path(os.environ["HF_HUB_CACHE"])]
     home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
@@ -27,9 +27,11 @@ def hf_cache_dirs() -> list[Path]:
 
 
 def resolve_tokenizer(name: str, base_dir: Optional[Path] = None) -> Path:
-    """Find ``tokenizer.json`` for ``name``: a file, a directory (relative names resolve
-    against ``base_dir``, the checkpoint folder, never the working directory), or a hub
-    id in the local Hugging Face cache (``models--org--name/snapshots/<rev>/``)."""
+    """Find ``tokenizer.json`` for ``name``: a file, a directory, or a hub id in the local cache.
+
+    Relative names resolve against ``base_dir`` (the checkpoint folder), never the working
+    directory; hub ids are looked up as ``models--org--name/snapshots/<rev>/``.
+    """
     tried: list[Path] = []
     candidates = [Path(name)] if Path(name).is_absolute() or base_dir is None else [base_dir / name]
     for cand in candidates:

@@ -38,7 +38,7 @@ class VisionEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(spec.num_patches, spec.width)
 
     def forward(self, pixels: Tensor, position_ids: Tensor) -> Tensor:
-        """pixels (B, 3, H, W) -> (B, N, width); position_ids (N,) or (B, N)."""
+        """Embed pixels (B, 3, H, W) -> (B, N, width); position_ids (N,) or (B, N)."""
         x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))
         x = x.flatten(2).transpose(1, 2)
         return x + self.position_embedding(position_ids)
@@ -109,7 +109,7 @@ class SiglipVisionTransformer(nn.Module):
         self.register_buffer("default_position_ids", torch.arange(spec.num_patches), persistent=False)
 
     def forward(self, pixels: Tensor, position_ids: Optional[Tensor] = None, backend: str = "sdpa") -> Tensor:
-        """pixels (B, 3, S, S) at the model resolution -> patch features (B, N, width)."""
+        """Encode pixels (B, 3, S, S) at the model resolution -> patch features (B, N, width)."""
         ids = self.default_position_ids if position_ids is None else position_ids
         x = self.embeddings(pixels, ids)
         for layer in self.encoder.layers:

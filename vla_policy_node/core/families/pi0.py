@@ -32,7 +32,7 @@ Pi0Config = PiConfig
 
 
 def pi0_prompt(task: str) -> str:
-    """The text pi0 tokenizes: the task with a trailing newline (LeRobot's ``Pi0NewLineProcessor``)."""
+    """Build the text pi0 tokenizes: the task with a trailing newline (LeRobot's ``Pi0NewLineProcessor``)."""
     return task if task.endswith("\n") else task + "\n"
 
 
@@ -93,6 +93,6 @@ class Pi0(nn.Module):
 
 
 def key_rules() -> list[tuple[str, Optional[str]]]:
-    """LeRobot (``model.``-rooted) and openpi checkpoint names -> this module's names; None = not loaded."""
+    """Map LeRobot (``model.``-rooted) and openpi checkpoint names -> this module's names; None = not loaded."""
     return backbone_key_rules(["state_proj", "action_in_proj", "action_out_proj",
                                "action_time_mlp_in", "action_time_mlp_out"])

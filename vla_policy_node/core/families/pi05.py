@@ -1,4 +1,4 @@
-"""pi0.5 (LeRobot 0.4.4 ``PI05Policy``, openpi ``pi05``): PaliGemma prefix, adaRMS Gemma expert.
+r"""pi0.5 (LeRobot 0.4.4 ``PI05Policy``, openpi ``pi05``): PaliGemma prefix, adaRMS Gemma expert.
 
 Differences from pi0: no state token (the state is discretised into the prompt,
 ``pi05_prompt``), the suffix is just ``action_in_proj(x_t)`` (B, T, W_expert) with
@@ -47,7 +47,7 @@ def discretize_state(normalized_state: np.ndarray, max_state_dim: int) -> np.nda
 
 
 def pi05_prompt(task: str, normalized_state: np.ndarray, max_state_dim: int) -> str:
-    """The text pi0.5 tokenizes (LeRobot's ``Pi05PrepareStateTokenizerProcessorStep``)."""
+    """Build the text pi0.5 tokenizes (LeRobot's ``Pi05PrepareStateTokenizerProcessorStep``)."""
     cleaned = task.strip().replace("_", " ").replace("\n", " ")
     bins = " ".join(str(int(b)) for b in discretize_state(normalized_state, max_state_dim))
     return f"Task: {cleaned}, State: {bins};\nAction: "
@@ -82,7 +82,7 @@ class Pi05(nn.Module):
         return keep_float32(self, self.FLOAT32_MODULES)
 
     def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
-        """The state is ignored here: it reached the model through the prompt."""
+        """Run the VLM once; the state is not a token here, it reached the model through the prompt."""
         embs, pad = self.vlm.embed_prefix(inputs, self.backend)
         self.vlm(embs, pad, cache, self.backend)
         spec = self.expert.spec
@@ -91,7 +91,7 @@ class Pi05(nn.Module):
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope})
 
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """adaRMS condition of each t_k, (1, W) float32 (time MLP kept in float32)."""
+        """Compute the adaRMS condition of each t_k, (1, W) float32 (time MLP kept in float32)."""
         emb = sinusoidal_time_embedding(timesteps, self.expert.spec.width,
                                         self.config.min_period, self.config.max_period)
         cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb.to(self.time_mlp_in.weight.dtype)))))
@@ -106,5 +106,5 @@ class Pi05(nn.Module):
 
 
 def key_rules() -> list[tuple[str, Optional[str]]]:
-    """LeRobot (``model.``-rooted) and openpi checkpoint names -> this module's names; None = not loaded."""
+    """Map LeRobot (``model.``-rooted) and openpi checkpoint names -> this module's names; None = not loaded."""
     return backbone_key_rules(["action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out"])

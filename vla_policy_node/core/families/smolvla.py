@@ -43,7 +43,7 @@ KNOWN_VLMS = {"HuggingFaceTB/SmolVLM2-500M-Video-Instruct": SMOLVLM2_500M}
 
 
 def expert_intermediate_size(width: int, ffn_multiplier: int = 4, multiple_of: int = 256) -> int:
-    """LeRobot's expert MLP width: 4 * (2/3 * width), rounded up to a multiple of 256."""
+    """Compute the expert MLP width as LeRobot does: 4 * (2/3 * width), rounded up to a multiple of 256."""
     hidden = int(ffn_multiplier * int(2 * width / 3))
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
@@ -320,7 +320,7 @@ class SmolVLA(nn.Module):
 
 
 def key_rules() -> list[tuple[str, Optional[str]]]:
-    """LeRobot checkpoint names -> this module's names; None = not used at inference (not loaded)."""
+    """Map LeRobot checkpoint names to this module's names; None = not used at inference (not loaded)."""
     vlm = "model.vlm_with_expert.vlm."
     return [
         (vlm + "lm_head.", None),
