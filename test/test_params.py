@@ -102,7 +102,7 @@ def declared(context, tmp_path: Path, overrides: dict):
     args = ['--ros-args', '--params-file', str(DEFAULT_CONFIG), '--params-file', str(extra)]
     node = rclpy.create_node('vla_policy_node', context=context, cli_args=args)
     try:
-        return declare_parameters(node)
+        return declare_parameters(node, args)
     finally:
         node.destroy_node()
 
@@ -110,17 +110,24 @@ def declared(context, tmp_path: Path, overrides: dict):
 @pytest.mark.parametrize('override, message', [
     ({'control_rate_hz': 5000.0},
      "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
-    ({'control_rate_hz': 20}, "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
+    ({'control_rate_hz': 20}, "parameter 'control_rate_hz' must be a double in [1.0, 1000.0], "
+     "but {path} gives an integer ('20')"),
     ({'num_threads': -1}, "parameter 'num_threads' must be an integer in [0, 256]"),
     ({'limits': {'max_step': 'abc'}},
-     "parameter 'limits.max_step' must be a double in [1e-06, 10.0]"),
+     "parameter 'limits.max_step' must be a double in [1e-06, 10.0], but {path} gives a "
+     "string ('abc')"),
+    # rcl keeps default.yaml's 20.0 here: only the check of the files themselves sees it.
+    ({'control_rate_hz': 'fast'}, "parameter 'control_rate_hz' must be a double in "
+     "[1.0, 1000.0], but {path} gives a string ('fast')"),
+    ({'camera_names': [1, 2]}, "parameter 'camera_names' must be a string array, but {path} "
+     "gives an integer array ('[...]')"),
     ({'control_rate': 20.0}, "unknown parameters: ['control_rate']"),
 ])
 def test_declare_refuses_wrong_types_ranges_and_unknown_names(context, tmp_path, override,
                                                               message):
     with pytest.raises(ParameterError) as error:
         declared(context, tmp_path, override)
-    assert str(error.value) == message
+    assert str(error.value) == message.format(path=tmp_path / 'override.yaml')
 
 
 def test_declare_accepts_default_yaml(context, tmp_path):
@@ -152,6 +159,9 @@ def test_runtime_changes_are_validated_and_read_only_parameters_refused(context)
         result = node.set_parameters([Parameter('max_observation_age', value=0.8)])[0]
         assert result.successful
         assert node._settings.max_observation_age == 0.8
+        assert not node.set_parameters([Parameter('policy_deadline', value=0.0)])[0].successful
+        assert node.set_parameters([Parameter('policy_deadline', value=0.2)])[0].successful
+        assert node._worker.deadline == 0.2
     finally:
         node.stop()
         node.destroy_node()

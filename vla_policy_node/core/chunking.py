@@ -235,18 +235,38 @@ class ChunkScheduler:
         self._measure_tick(now)
         k = self._step
         self._chunks = [(s, a) for s, a in self._chunks if s + len(a) > k]
-        covering = [a[k - s] for s, a in self._chunks if s <= k]
-        if not covering:
+        action = self._action_at(k)
+        if action is None:
             self._stats["starved_ticks" if self._received else "waiting_ticks"] += 1
             return None
-        if len(covering) == 1:
-            action = covering[0].copy()
-        else:
-            weights = np.exp(-self.config.ensemble_decay * np.arange(len(covering)))
-            action = weights @ np.stack(covering) / weights.sum()
         self._step += 1
         self._stats["actions_executed"] += 1
         return action
+
+    def peek(self, n: int = 0) -> np.ndarray:
+        """Planned actions (K, A) for the next steps, the next one first, as ``next_action``
+        would return them if no chunk arrived meanwhile; at most ``n`` (0: all). Changes
+        nothing (no tick is measured, no step consumed). K is 0 when nothing is planned."""
+        count = self.actions_left if n <= 0 else min(n, self.actions_left)
+        rows = []
+        for k in range(self._step, self._step + count):
+            action = self._action_at(k)
+            if action is None:
+                break
+            rows.append(action)
+        if rows:
+            return np.stack(rows)
+        return np.zeros((0, self._chunks[0][1].shape[1] if self._chunks else 0))
+
+    def _action_at(self, k: int) -> np.ndarray | None:
+        """The (blended) action planned for step ``k``, a copy; None if no chunk covers it."""
+        covering = [a[k - s] for s, a in self._chunks if s <= k < s + len(a)]
+        if not covering:
+            return None
+        if len(covering) == 1:
+            return covering[0].copy()
+        weights = np.exp(-self.config.ensemble_decay * np.arange(len(covering)))
+        return weights @ np.stack(covering) / weights.sum()
 
     def _measure_tick(self, now: float) -> None:
         """EMA of tick intervals, each clamped to [0.5, 2] nominal periods (stalls are outliers)."""

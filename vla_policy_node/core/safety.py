@@ -53,6 +53,31 @@ def is_fresh(stamp: float | None, now: float, max_age: float) -> bool:
     return abs(observation_age(stamp, now)) <= max_age
 
 
+def stamp_problem(stamp: float, previous: float | None, now: float,
+                  max_age: float) -> str | None:
+    """
+    Say why a message stamped ``stamp`` (its header time, on the node's clock) is unusable.
+
+    ``previous`` is the stamp of the last accepted message of the same stream. A stamp that
+    goes backwards means frames arrive out of order; one older than ``max_age`` means the
+    data was late even if the message itself arrived just now (a stalled driver flushing its
+    queue); one further ahead than ``max_age`` means the sender's clock is not this clock.
+    Returns None when the stamp is fine.
+    """
+    if not math.isfinite(stamp):
+        return f'header stamp is not finite ({stamp})'
+    age = observation_age(stamp, now)
+    if age > max_age:
+        return (f'header stamp is {age:.3f} s old, more than max_observation_age '
+                f'= {max_age:g} s (late)')
+    if age < -max_age:
+        return (f'header stamp is {-age:.3f} s ahead of the node clock: synchronise the '
+                'clocks or set use_header_stamps to false')
+    if previous is not None and stamp < previous:
+        return f'header stamp went backwards by {previous - stamp:.3f} s (out of order)'
+    return None
+
+
 @dataclass(frozen=True)
 class MotionLimits:
     """
@@ -116,3 +141,22 @@ class MotionLimits:
                         start + np.clip(clipped - start, -max_delta, max_delta), clipped)
         n_clamped = int(np.count_nonzero(step_limited | (clipped != target)))
         return safe, n_clamped
+
+    def clamp_sequence(self, commands: np.ndarray, previous: np.ndarray,
+                       dt: float) -> tuple[np.ndarray, np.ndarray]:
+        """
+        Clamp commands (T, J) meant for consecutive periods of ``dt``, in order.
+
+        The first is limited against ``previous`` and each next one against the safe version
+        of the one before, so the whole sequence, not only its first point, stays inside the
+        position limits and within one step of its neighbours. Returns the safe commands
+        (T, J) and the number of clamped joints per command (T,).
+        """
+        rows = check_finite(commands, 'commands')
+        if rows.ndim != 2:
+            raise SafetyError(f'expected commands of shape (T, J), got {rows.shape}')
+        safe = np.empty_like(rows)
+        clamped = np.zeros(len(rows), dtype=np.int64)
+        for i, row in enumerate(rows):
+            safe[i], clamped[i] = self.clamp(row, previous if i == 0 else safe[i - 1], dt)
+        return safe, clamped

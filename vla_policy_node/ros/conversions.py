@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 import unicodedata
 
-from builtin_interfaces.msg import Duration
+from builtin_interfaces.msg import Duration, Time
 import numpy as np
 from sensor_msgs.msg import Image
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension
@@ -63,6 +63,13 @@ def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
     data = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(height, step)
     pixels = data[:, :row_bytes].reshape(height, width, channels)
     return np.ascontiguousarray(pixels[:, :, list(rgb_index)])
+
+
+def stamp_seconds(stamp: Time) -> float | None:
+    """Return a header stamp in seconds, or None for the zero stamp of an unstamped message."""
+    if stamp.sec == 0 and stamp.nanosec == 0:
+        return None
+    return stamp.sec + stamp.nanosec * 1e-9
 
 
 def rgb_to_image(rgb: np.ndarray, frame_id: str = '') -> Image:
@@ -160,6 +167,10 @@ def chunk_to_joint_trajectory(actions: np.ndarray, joint_names: Sequence[str],
                               dt: float) -> JointTrajectory:
     """
     Turn actions (T, J) into a ``JointTrajectory`` whose point i is reached at (i + 1) * dt.
+
+    Row 0 is the action of this control tick; the rows after it are the plan for the next
+    ticks, so joint_trajectory_controller can interpolate between them and keeps moving
+    sensibly if a tick's message is late.
 
     The header stamp stays zero, which joint_trajectory_controller reads as "start now"; that
     avoids any dependence on clock agreement between this node and the controller.

@@ -12,6 +12,7 @@ node needs nothing beyond one message per period.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,50 @@ class InputHealth:
 
 
 @dataclass(frozen=True)
+class FaultReport:
+    """Policy faults of the last diagnostics period: count per kind and the newest message."""
+
+    counts: Mapping[str, int]
+    last: str = ''
+
+    @property
+    def level(self) -> bytes:
+        """ERROR when the policy failed during the period, OK otherwise."""
+        return ERROR if any(self.counts.values()) else OK
+
+
+class FaultTally:
+    """
+    Policy faults by kind: totals for the counters, and the recent ones for one report.
+
+    Reports cover a sliding window (the diagnostics period), so every /diagnostics message
+    says what went wrong since the previous one without anybody having to reset a counter,
+    and a status taken for another purpose (the summary at exit) does not swallow a report.
+    Not thread-safe: the node calls it under its lock.
+    """
+
+    def __init__(self, kinds: Sequence[str]) -> None:
+        self._kinds = tuple(kinds)
+        self.totals = dict.fromkeys(self._kinds, 0)
+        self._recent: deque[tuple[float, str, str]] = deque(maxlen=1000)
+
+    def add(self, kind: str, message: str, now: float) -> None:
+        """Count one fault of ``kind`` seen at ``now`` (seconds)."""
+        self.totals[kind] += 1
+        self._recent.append((now, kind, message))
+
+    def report(self, now: float, window: float) -> FaultReport:
+        """Faults of the last ``window`` seconds before ``now``."""
+        while self._recent and self._recent[0][0] < now - window:
+            self._recent.popleft()
+        counts = dict.fromkeys(self._kinds, 0)
+        for _, kind, _ in self._recent:
+            counts[kind] += 1
+        last = self._recent[-1][2] if self._recent else ''
+        return FaultReport(counts, last)
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """
     A consistent snapshot of what the node reports once per diagnostics period.
@@ -51,6 +96,7 @@ class NodeStatus:
     counters: Mapping[str, int]
     latencies: Mapping[str, tuple[float, float]]
     inputs: Sequence[InputHealth] = field(default_factory=tuple)
+    policy_faults: FaultReport = FaultReport({})
 
 
 def _value(value: object) -> str:
@@ -58,7 +104,7 @@ def _value(value: object) -> str:
 
 
 def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> DiagnosticArray:
-    """Build the message: one status for the policy loop, one per input stream."""
+    """Build the message: the policy loop, the policy's output, one status per input stream."""
     array = DiagnosticArray()
     array.header.stamp = stamp
     values = [KeyValue(key='state', value=status.state),
@@ -72,6 +118,13 @@ def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> Di
     array.status.append(DiagnosticStatus(
         level=status.level, name=f'{node_name}: policy', message=status.state,
         hardware_id=node_name, values=values))
+    faults = status.policy_faults
+    total = sum(faults.counts.values())
+    array.status.append(DiagnosticStatus(
+        level=faults.level, name=f'{node_name}: policy output', hardware_id=node_name,
+        message=f'{total} faulty chunks discarded since the last report: {faults.last}'
+        if total else 'ok',
+        values=[KeyValue(key=kind, value=str(count)) for kind, count in faults.counts.items()]))
     for health in status.inputs:
         age = 'never received' if health.age_s is None else f'{health.age_s:.3f}'
         array.status.append(DiagnosticStatus(

@@ -1,21 +1,31 @@
 """
 The latest value of every input stream, when it arrived, and whether it may drive a command.
 
-Inputs are judged by arrival time on the node's clock (sim time when ``use_sim_time`` is
-set), not by header stamps: a camera whose clock is off must not make the node act on old
-frames or refuse good ones. A rejected message marks its stream faulted until a good one
-arrives, so a stream that turns bad stops commands at once instead of after
-``max_observation_age``. Not thread-safe: the node calls it under its lock.
+Every input is judged by arrival time on the node's clock (sim time when ``use_sim_time`` is
+set): a stream that stops is stale after ``max_observation_age`` whatever its stamps say.
+Camera frames are also judged by their header stamps when the node is told to trust them
+(``use_header_stamps``, the default): a frame whose stamp goes backwards (out of order) or
+is older than ``max_observation_age`` (late data that arrived on time) is refused. A stamp
+further ahead of the node's clock than that age is refused too, with a message saying the
+clocks disagree: a camera on another clock is a configuration error, not something to guess
+around, so the node holds and says so until the clocks are synchronised or
+``use_header_stamps`` is set false, which keeps the arrival-time check only. Zero stamps
+(drivers that do not stamp) are judged by arrival alone.
+
+A rejected message marks its stream faulted until a good one arrives, so a stream that turns
+bad stops commands at once instead of after ``max_observation_age``. Not thread-safe: the
+node calls it under its lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 from typing import Any
 
 import numpy as np
 
-from vla_policy_node.core.safety import is_fresh
+from vla_policy_node.core.safety import is_fresh, stamp_problem
 from vla_policy_node.ros.diagnostics import ERROR, InputHealth, OK, WARN
 
 JOINT_STATES = 'joint_states'
@@ -30,6 +40,7 @@ class ObservationBuffer:
         self._joint_names = tuple(joint_names)
         self._images: dict[str, np.ndarray] = {}
         self._image_stamps: dict[str, float] = {}
+        self._header_stamps: dict[str, float] = {}
         self._positions = np.full(len(joint_names), np.nan)
         self._joint_stamps = np.full(len(joint_names), np.nan)
         self._instruction: str | None = None
@@ -45,11 +56,27 @@ class ObservationBuffer:
         """Return the current task, or None before the first valid instruction."""
         return self._instruction
 
-    def set_image(self, camera: str, rgb: np.ndarray, now: float) -> None:
-        """Store a validated (H, W, 3) uint8 frame of ``camera`` received at ``now``."""
+    def set_image(self, camera: str, rgb: np.ndarray, now: float, stamp: float | None = None,
+                  max_age: float = math.inf) -> str | None:
+        """
+        Store a validated (H, W, 3) uint8 frame of ``camera`` received at ``now``.
+
+        ``stamp`` is its header time on the node's clock, or None to judge it by arrival
+        only. Returns why the frame was refused by its stamp (nothing is stored; the caller
+        marks the camera faulted), or None when it was stored.
+        """
+        if stamp is not None:
+            previous = self._header_stamps.get(camera)
+            if previous is not None and previous - now > max_age:
+                previous = None  # the node's clock jumped back (a restarted simulation)
+            problem = stamp_problem(stamp, previous, now, max_age)
+            if problem is not None:
+                return problem
+            self._header_stamps[camera] = stamp
         self._images[camera] = rgb
         self._image_stamps[camera] = now
         self._errors.pop(camera, None)
+        return None
 
     def set_positions(self, positions: np.ndarray, updated: np.ndarray, now: float) -> None:
         """Store merged joint positions; ``updated`` (J,) bool marks joints the message had."""

@@ -6,7 +6,8 @@ Data flow::
     cameras, /joint_states, instruction --> ObservationBuffer (validated, time of arrival)
     control timer (control_rate_hz) --> ChunkScheduler.needs_chunk? --> InferenceWorker thread
     InferenceWorker --> ChunkScheduler.submit_chunk
-    control timer --> ChunkScheduler.next_action --> MotionLimits.clamp --> command topic
+    InferenceWorker fault (raised, non-finite, late) --> chunk dropped, plan dropped, hold
+    control timer --> ChunkScheduler.next_action (+ peek: the plan) --> MotionLimits --> command
 
 Every callback takes one lock for a few microseconds of bookkeeping; inference runs in its
 own thread, so the timer, subscriptions, service and diagnostics never wait for the policy.
@@ -39,7 +40,7 @@ from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
-from vla_policy_node.core.chunking import ChunkRequest, ChunkScheduler, SchedulerConfig
+from vla_policy_node.core.chunking import ChunkScheduler, SchedulerConfig
 from vla_policy_node.core.safety import SafetyError
 from vla_policy_node.ros import diagnostics
 from vla_policy_node.ros.conversions import (
@@ -49,6 +50,7 @@ from vla_policy_node.ros.conversions import (
     image_to_rgb,
     instruction_text,
     merge_joint_state,
+    stamp_seconds,
 )
 from vla_policy_node.ros.inputs import INSTRUCTION, JOINT_STATES, ObservationBuffer
 from vla_policy_node.ros.params import (
@@ -67,12 +69,13 @@ from vla_policy_node.ros.qos import (
     INSTRUCTION_QOS,
     JOINT_STATES_QOS,
 )
-from vla_policy_node.ros.worker import InferenceWorker
+from vla_policy_node.ros.worker import FAULTS, InferenceResult, InferenceWorker
 
 NODE_NAME = 'vla_policy_node'
 LOG_PERIOD_S = 2.0
 NODE_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clamped_joints',
-                 'episode_resets', 'inference_errors', 'rejected_chunks', 'rejected_inputs')
+                 'clamped_lookahead_joints', 'episode_resets', 'rejected_chunks',
+                 'rejected_inputs')
 
 
 class VlaPolicyNode(Node):
@@ -80,19 +83,22 @@ class VlaPolicyNode(Node):
 
     def __init__(self, **node_options: Any) -> None:
         super().__init__(NODE_NAME, **node_options)
-        self._settings: NodeSettings = declare_parameters(self)
+        self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         self._lock = threading.Lock()
         self._policy = make_policy(
             self._settings, self.get_logger().info, self.get_logger().warning)
         self._scheduler = ChunkScheduler(self._scheduler_config(self._policy.chunk_size))
         self._inputs = ObservationBuffer(self._settings.camera_names, self._settings.joint_names)
         self._counters = dict.fromkeys(NODE_COUNTERS, 0)
+        self._faults = diagnostics.FaultTally(FAULTS)
+        self._policy_fault: str | None = None
         self._last_command: np.ndarray | None = None
         self._hold_reason: str | None = 'starting'
         self._stopped = False
         self._last_log: dict[str, float] = {}
         self._reported_unknown: set[str] = set()
-        self._worker = InferenceWorker(self._policy, self._on_inference_result, self._now)
+        self._worker = InferenceWorker(self._policy, self._on_inference_result, self._now,
+                                       self._settings.policy_deadline)
         self._wire()
         self._worker.start()
         self.get_logger().info(f'ready: {self._model_description()}')
@@ -145,7 +151,13 @@ class VlaPolicyNode(Node):
             self._reject(camera, error)
             return
         with self._lock:
-            self._inputs.set_image(camera, rgb, self._now())
+            stamp = stamp_seconds(msg.header.stamp) if self._settings.use_header_stamps else None
+            problem = self._inputs.set_image(
+                camera, rgb, self._now(), stamp, self._settings.max_observation_age)
+            if problem is not None:
+                self._mark_rejected(camera, problem)
+        if problem is not None:
+            self._log_limited(camera, f'rejected {camera} input: {problem}; holding')
 
     def _on_joint_state(self, msg: JointState) -> None:
         with self._lock:
@@ -206,9 +218,9 @@ class VlaPolicyNode(Node):
             self._request_chunk(now)
             action = self._scheduler.next_action(now)
             if action is None:
-                self._hold('waiting for actions from the policy')
+                self._hold(self._policy_fault or 'waiting for actions from the policy')
             else:
-                self._command(action)
+                self._command(np.vstack([action, self._lookahead()]))
 
     def _request_chunk(self, now: float) -> None:
         if self._scheduler.needs_chunk() and not self._worker.busy:
@@ -220,19 +232,28 @@ class VlaPolicyNode(Node):
         if self._scheduler.actions_left > 0 or self._scheduler.in_flight:
             self._scheduler.reset()
 
-    def _command(self, action: np.ndarray) -> None:
+    def _lookahead(self) -> np.ndarray:
+        """Return the planned actions after this tick's, sent with it as trajectory points."""
+        points = self._settings.trajectory_points
+        if self._settings.command_interface != 'joint_trajectory' or points == 1:
+            return np.zeros((0, len(self._settings.joint_names)))
+        return self._scheduler.peek(points - 1 if points else 0)
+
+    def _command(self, plan: np.ndarray) -> None:
+        """Send plan[0] now (and the rest as later trajectory points), all of it clamped."""
         previous = self._last_command
         if previous is None:
             previous = self._inputs.positions
         try:
-            safe, clamped = self._settings.limits.clamp(
-                action, previous, 1.0 / self._settings.control_rate_hz)
+            safe, clamped = self._settings.limits.clamp_sequence(
+                plan, previous, 1.0 / self._settings.control_rate_hz)
         except SafetyError as error:
             self._discard_plan()
             self._hold(f'unsafe action: {error}')
             return
-        self._counters['clamped_joints'] += clamped
-        self._last_command = safe
+        self._counters['clamped_joints'] += int(clamped[0])
+        self._counters['clamped_lookahead_joints'] += int(clamped[1:].sum())
+        self._last_command = safe[0]
         self._publish_positions(safe)
         self._counters['commands_published'] += 1
         if self._hold_reason is not None:
@@ -256,33 +277,44 @@ class VlaPolicyNode(Node):
             target = positions if np.all(np.isfinite(positions)) else None
         if target is None:
             return False
-        self._publish_positions(target)
+        self._publish_positions(target[None, :])
         self._counters['holds_published'] += 1
         return True
 
-    def _publish_positions(self, positions: np.ndarray) -> None:
+    def _publish_positions(self, points: np.ndarray) -> None:
+        """Publish points (T, J): all as a trajectory, or only the first as a forward command."""
         if self._settings.command_interface == 'joint_trajectory':
             self._command_pub.publish(chunk_to_joint_trajectory(
-                positions[None, :], self._settings.joint_names,
-                1.0 / self._settings.control_rate_hz))
+                points, self._settings.joint_names, 1.0 / self._settings.control_rate_hz))
         else:
-            self._command_pub.publish(action_to_float64_multiarray(positions))
+            self._command_pub.publish(action_to_float64_multiarray(points[0]))
 
-    def _on_inference_result(self, request: ChunkRequest, chunk: np.ndarray | None,
-                             error: str | None, now: float) -> None:
+    def _on_inference_result(self, result: InferenceResult) -> None:
         """Take a result of the inference thread; the scheduler decides whether it is used."""
+        error = None
         with self._lock:
-            if error is not None:
-                self._scheduler.cancel_request(request)
-                self._counters['inference_errors'] += 1
+            if self._stopped:
+                return
+            if result.fault is not None:
+                error = f'policy {result.fault}: {result.error}'
+                self._faults.add(result.fault, error, self._now())
+                self._scheduler.cancel_request(result.request)
+                self._policy_fault = error
+                self._discard_plan()
+                self._hold(error)
             else:
-                try:
-                    self._scheduler.submit_chunk(request, chunk, now)
-                except ValueError as rejected:
-                    error = str(rejected)
-                    self._counters['rejected_chunks'] += 1
+                error = self._submit(result)
         if error is not None:
-            self._log_limited('inference', f'discarded policy output: {error}')
+            self._log_limited(f'policy {result.fault}', f'discarded policy output: {error}')
+
+    def _submit(self, result: InferenceResult) -> str | None:
+        try:
+            if self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at):
+                self._policy_fault = None
+        except ValueError as rejected:
+            self._counters['rejected_chunks'] += 1
+            return str(rejected)
+        return None
 
     # ------------------------------------------------------------------ episodes
     def _on_reset_episode(self, request: Trigger.Request,
@@ -317,6 +349,7 @@ class VlaPolicyNode(Node):
         settings = settings_from_values(values)
         with self._lock:
             self._settings = settings
+        self._worker.deadline = settings.policy_deadline
 
     # ------------------------------------------------------------------ reporting
     def _on_diagnostics_tick(self) -> None:
@@ -327,18 +360,22 @@ class VlaPolicyNode(Node):
         """Take a consistent snapshot of counters, latencies, state and input health."""
         policy = self._worker.stats
         with self._lock:
-            inputs = self._inputs.health(self._now(), self._settings.max_observation_age)
+            now = self._now()
+            inputs = self._inputs.health(now, self._settings.max_observation_age)
+            faults = self._faults.report(now, self._settings.diagnostics_period)
             counters = {**policy['counters'], **self._counters, **{
+                f'policy_{kind}': count for kind, count in self._faults.totals.items()}, **{
                 ('scheduler_resets' if key == 'resets' else key): value
                 for key, value in self._scheduler.stats.items()}}
             hold = self._hold_reason
-        level = max([diagnostics.OK] + [health.level for health in inputs])
+        level = max([diagnostics.OK, faults.level] + [health.level for health in inputs])
         if hold is not None:
             level = max(level, diagnostics.WARN)
         return diagnostics.NodeStatus(
             state='commanding' if hold is None else f'holding: {hold}', level=level,
             model=self._model_description(), device=str(self._policy.device),
-            counters=counters, latencies=policy['latencies'], inputs=inputs)
+            counters=counters, latencies=policy['latencies'], inputs=inputs,
+            policy_faults=faults)
 
     def _model_description(self) -> str:
         if self._settings.checkpoint:
@@ -377,6 +414,12 @@ class VlaPolicyNode(Node):
                 ' after publishing a hold' if held else '', p50=total[0] * 1e3,
                 p95=total[1] * 1e3, **status.counters))
         return finished
+
+
+def _ros_arguments(node_options: dict[str, Any]) -> list[str]:
+    """Return the arguments rcl reads this node's parameters from (process's, then own)."""
+    arguments = list(sys.argv) if node_options.get('use_global_arguments', True) else []
+    return arguments + list(node_options.get('cli_args') or [])
 
 
 def main(args: list[str] | None = None) -> int:

@@ -14,8 +14,9 @@ under a running controller would silently redirect or replace the policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+import re
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
+import yaml
 
 from vla_policy_node.core.chunking import BLEND_MODES
 from vla_policy_node.core.safety import MotionLimits, SafetyError
@@ -51,10 +53,16 @@ class ParamSpec:
         """Tell whether the parameter has no default (it describes the robot: from YAML)."""
         return isinstance(self.default, Parameter.Type)
 
+    @property
+    def type(self) -> Parameter.Type:
+        """Return the ROS type every value of this parameter must have."""
+        if self.required:
+            return self.default
+        return Parameter.Type.from_parameter_value(self.default)
+
     def requirement(self) -> str:
         """Say in words what a valid value looks like, for error messages."""
-        kind = (self.default if self.required else Parameter.Type.from_parameter_value(
-            self.default)).name.lower().replace('_', ' ')
+        kind = _type_name(self.type)
         text = f"must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
         if self.bounds is not None:
             text += f' in [{self.bounds[0]}, {self.bounds[1]}]'
@@ -76,6 +84,10 @@ class ParamSpec:
                 descriptor.floating_point_range = [
                     FloatingPointRange(from_value=float(low), to_value=float(high))]
         return descriptor
+
+
+def _type_name(kind: Parameter.Type) -> str:
+    return kind.name.lower().replace('_', ' ')
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
@@ -108,6 +120,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               choices=COMMAND_INTERFACES),
     ParamSpec('command_topic', 'joint_trajectory_controller/joint_trajectory',
               'Topic the joint commands are published on.'),
+    ParamSpec('trajectory_points', 0, 'For command_interface joint_trajectory: planned actions '
+              'sent as timed points each control tick, this tick\'s first; 0 sends all queued.',
+              read_only=False, bounds=(0, 256)),
     ParamSpec('control_rate_hz', 20.0, 'Rate at which actions are executed from the chunk '
               'queue.', bounds=(1.0, 1000.0)),
     ParamSpec('chunking.horizon', 0, 'Actions executed from each chunk before it is replaced; '
@@ -125,6 +140,13 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('max_observation_age', 0.5, 'Seconds after which an input counts as stale; no '
               'command is computed or sent from stale inputs.', read_only=False,
               bounds=(0.01, 10.0)),
+    ParamSpec('use_header_stamps', True, 'Also judge camera frames by their header stamps: '
+              'refuse frames whose stamp goes backwards or is older than max_observation_age '
+              'on the node\'s clock (zero stamps are judged by arrival only). Set false for '
+              'cameras whose clock is not synchronised with this node\'s.', read_only=False),
+    ParamSpec('policy_deadline', 5.0, 'Seconds one inference may take; a later chunk is '
+              'discarded (the robot holds) and the next control step tries again.',
+              read_only=False, bounds=(0.001, 60.0)),
     ParamSpec('reset_on_instruction_change', True, 'Start a new episode (reset cache and '
               'queue) when the instruction changes.', read_only=False),
     ParamSpec('max_instruction_length', 2000, 'Longer instructions are refused.',
@@ -174,9 +196,12 @@ class NodeSettings:
     joint_names: tuple[str, ...]
     command_interface: str
     command_topic: str
+    trajectory_points: int
     control_rate_hz: float
     chunking: ChunkingSettings
     max_observation_age: float
+    use_header_stamps: bool
+    policy_deadline: float
     reset_on_instruction_change: bool
     max_instruction_length: int
     limits: MotionLimits
@@ -259,6 +284,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         joint_names=joints,
         command_interface=values['command_interface'],
         command_topic=values['command_topic'],
+        trajectory_points=values['trajectory_points'],
         control_rate_hz=values['control_rate_hz'],
         chunking=ChunkingSettings(
             horizon=values['chunking.horizon'],
@@ -268,6 +294,8 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             ensemble_decay=values['chunking.ensemble_decay'],
             rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight']),
         max_observation_age=values['max_observation_age'],
+        use_header_stamps=values['use_header_stamps'],
+        policy_deadline=values['policy_deadline'],
         reset_on_instruction_change=values['reset_on_instruction_change'],
         max_instruction_length=values['max_instruction_length'],
         limits=limits,
@@ -275,14 +303,17 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
     )
 
 
-def declare_parameters(node: Node) -> NodeSettings:
+def declare_parameters(node: Node, arguments: Sequence[str] = ()) -> NodeSettings:
     """
     Declare every parameter on ``node`` and return the validated settings.
 
     Raises :class:`ParameterError` for a value of the wrong type or out of range, a missing
     required value, an override naming no declared parameter (a typo would otherwise be
-    ignored silently), or a failed cross-parameter rule.
+    ignored silently), or a failed cross-parameter rule. ``arguments`` are the command-line
+    arguments the node was started with: their parameter files and ``-p`` values are
+    type-checked first, see :func:`check_override_sources`.
     """
+    check_override_sources(arguments, node.get_fully_qualified_name())
     values = {}
     for spec in PARAMETERS:
         try:
@@ -325,3 +356,122 @@ def validate_change(current: Mapping[str, Any], changes: Iterable[Parameter]) ->
 def current_values(node: Node) -> dict[str, Any]:
     """Return the declared parameters' current values, by name."""
     return {spec.name: node.get_parameter(spec.name).value for spec in PARAMETERS}
+
+
+# rcl's YAML rules for an unquoted scalar (rcl_yaml_param_parser get_value): these words are
+# booleans, then whatever strtol or strtod reads completely is an integer or a double.
+_YAML_BOOLS = {'y', 'yes', 'true', 'on', 'n', 'no', 'false', 'off'}
+_YAML_SPECIAL_DOUBLES = {'.nan', '.inf', '-.inf', '+.inf'}
+_ARRAY_TYPES = {
+    Parameter.Type.BOOL: Parameter.Type.BOOL_ARRAY,
+    Parameter.Type.INTEGER: Parameter.Type.INTEGER_ARRAY,
+    Parameter.Type.DOUBLE: Parameter.Type.DOUBLE_ARRAY,
+    Parameter.Type.STRING: Parameter.Type.STRING_ARRAY,
+}
+
+
+def check_override_sources(arguments: Sequence[str], node_name: str) -> None:
+    """
+    Type-check every value the parameter files and ``-p`` flags in ``arguments`` give.
+
+    rcl merges all sources before the node sees them, and when two sources give one name
+    values of different types it silently keeps the first (``control_rate_hz: "fast"`` in a
+    second file leaves the 20.0 of the first): the declared descriptors never see the bad
+    value. So the sources are read again here and any value whose YAML type is not the
+    declared one stops the start with the file and the value in the message. Names that are
+    not declared are left to the unknown-parameter check.
+    """
+    for source, name, node in _override_values(arguments, node_name):
+        spec = SPECS.get(name)
+        if spec is None:
+            continue
+        kind = _yaml_type(node)
+        if kind != spec.type:
+            raise ParameterError(
+                f"parameter '{name}' {spec.requirement()}, but {source} gives "
+                f'{_describe_yaml(kind, node)}')
+
+
+def _override_values(arguments: Sequence[str],
+                     node_name: str) -> Iterator[tuple[str, str, yaml.Node]]:
+    """(source, parameter name, YAML value) of every override in the ROS arguments."""
+    ros_args = False
+    tokens = iter(arguments)
+    for token in tokens:
+        if token == '--ros-args':
+            ros_args = True
+        elif token == '--':
+            ros_args = False
+        elif ros_args and token == '--params-file':
+            path = next(tokens, '')
+            yield from _params_file_values(path, node_name)
+        elif ros_args and token in ('-p', '--param'):
+            assignment = next(tokens, '')
+            name, _, text = assignment.partition(':=')
+            target, _, name = name.rpartition(':')
+            if not target or _node_matches(target, node_name):
+                yield f'-p {assignment}', name, yaml.compose(text or "''")
+
+
+def _params_file_values(path: str, node_name: str) -> Iterator[tuple[str, str, yaml.Node]]:
+    try:
+        with open(path, encoding='utf-8') as stream:
+            root = yaml.compose(stream)
+    except (OSError, yaml.YAMLError) as error:
+        raise ParameterError(f'cannot read parameter file {path}: {error}') from error
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, section in root.value:
+        if not _node_matches(key.value, node_name) or not isinstance(section, yaml.MappingNode):
+            continue
+        for inner_key, tree in section.value:
+            if inner_key.value == 'ros__parameters':
+                for name, value in _flatten(tree, ''):
+                    yield path, name, value
+
+
+def _flatten(node: yaml.Node, prefix: str) -> Iterator[tuple[str, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        yield prefix[:-1], node
+        return
+    for key, value in node.value:
+        yield from _flatten(value, f'{prefix}{key.value}.')
+
+
+def _node_matches(pattern: str, node_name: str) -> bool:
+    """Match rcl's node-name wildcards: ``**`` any number of name tokens, ``*`` exactly one."""
+    pattern = pattern if pattern.startswith('/') else '/' + pattern
+    regex = re.escape(pattern).replace(r'/\*\*', '(/[^/]+)*').replace(r'\*', '[^/]+')
+    return re.fullmatch(regex, node_name) is not None
+
+
+def _yaml_type(node: yaml.Node) -> Parameter.Type:
+    if isinstance(node, yaml.SequenceNode):
+        kinds = {_yaml_type(item) for item in node.value}
+        if len(kinds) == 1 and next(iter(kinds)) in _ARRAY_TYPES:
+            return _ARRAY_TYPES[kinds.pop()]
+        return Parameter.Type.NOT_SET
+    if not isinstance(node, yaml.ScalarNode):
+        return Parameter.Type.NOT_SET
+    text = node.value
+    if node.style is not None:
+        return Parameter.Type.STRING
+    if text.lower() in _YAML_BOOLS:
+        return Parameter.Type.BOOL
+    if re.fullmatch(r'[-+]?[0-9]+', text.strip()):
+        return Parameter.Type.INTEGER
+    if text.lower() in _YAML_SPECIAL_DOUBLES:
+        return Parameter.Type.DOUBLE
+    try:
+        float(text)
+    except ValueError:
+        return Parameter.Type.STRING
+    return Parameter.Type.DOUBLE
+
+
+def _describe_yaml(kind: Parameter.Type, node: yaml.Node) -> str:
+    if kind == Parameter.Type.NOT_SET:
+        return 'a value of no single parameter type'
+    text = node.value if isinstance(node, yaml.ScalarNode) else '[...]'
+    article = 'an' if _type_name(kind)[0] in 'aeiou' else 'a'
+    return f'{article} {_type_name(kind)} ({text!r})'

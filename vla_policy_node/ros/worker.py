@@ -2,14 +2,20 @@
 The inference thread: runs the policy off the executor so no callback ever waits for it.
 
 Only this thread calls the policy (``predict_action_chunk``, ``reset``), so a reset that
-arrives during inference is applied after the running step, never in the middle of it. The
+arrives during inference is applied after the running step, never in the middle of it, and
+always before the next one: the prefix cache of one episode never serves another. The
 step's chunk is still handed back, and the ChunkScheduler discards it because its request
 belongs to the previous episode: a chunk of the old episode is never executed in the new one.
+
+A bad step never escapes this thread: an exception, a chunk with non-finite values or a
+step slower than the deadline becomes an :class:`InferenceResult` with a ``fault``, the
+chunk is dropped here, and the node holds and lets the next control step try again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 import threading
 import time
 from typing import Any
@@ -20,23 +26,39 @@ from vla_policy_node.core.chunking import ChunkRequest
 
 POLICY_COUNTERS = ('control_steps', 'prefix_passes', 'denoise_steps', 'cache_resets')
 POLICY_STAGES = ('prefix', 'denoise', 'total')
+FAULT_RAISED = 'raised'
+FAULT_NON_FINITE = 'non_finite'
+FAULT_LATE = 'late'
+FAULTS = (FAULT_RAISED, FAULT_NON_FINITE, FAULT_LATE)
 
-ResultCallback = Callable[[ChunkRequest, 'np.ndarray | None', 'str | None', float], None]
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """
+    The outcome of one policy step.
+
+    chunk: (T, A) actions of batch item 0, or None when ``fault`` is set.
+    fault: None, or one of FAULTS, with ``error`` saying what happened.
+    duration: seconds the policy call took; finished_at: ``clock()`` after it.
+    """
+
+    request: ChunkRequest
+    chunk: np.ndarray | None
+    fault: str | None
+    error: str
+    duration: float
+    finished_at: float
 
 
 class InferenceWorker:
-    """
-    One background thread, one job at a time; results go to ``on_result``.
+    """One background thread, one job at a time; each result goes to ``on_result``."""
 
-    ``on_result(request, chunk, error, finished_at)`` receives either the chunk (T, A) of
-    batch item 0 or an error message; ``finished_at`` is ``clock()`` after inference.
-    """
-
-    def __init__(self, policy: Any, on_result: ResultCallback,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, policy: Any, on_result: Callable[[InferenceResult], None],
+                 clock: Callable[[], float], deadline: float) -> None:
         self._policy = policy
         self._on_result = on_result
         self._clock = clock
+        self._deadline = deadline
         self._condition = threading.Condition()
         self._job: tuple[ChunkRequest, dict[str, Any]] | None = None
         self._reset_pending = False
@@ -54,6 +76,17 @@ class InferenceWorker:
         """Tell whether a job is queued or running."""
         with self._condition:
             return self._busy
+
+    @property
+    def deadline(self) -> float:
+        """Return the seconds a step may take before its chunk is discarded."""
+        with self._condition:
+            return self._deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        with self._condition:
+            self._deadline = seconds
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -111,17 +144,33 @@ class InferenceWorker:
                 self._infer(*job)
 
     def _infer(self, request: ChunkRequest, observation: dict[str, Any]) -> None:
-        chunk, error = None, None
         started = time.perf_counter()
+        chunk, fault, error = None, None, ''
         try:
-            chunk = np.asarray(
-                self._policy.predict_action_chunk(observation, rtc=request.rtc))[0]
+            chunk = np.asarray(self._policy.predict_action_chunk(observation, rtc=request.rtc),
+                               dtype=np.float64)[0]
         except Exception as exc:  # noqa: B902 - a bad step must never kill the node
-            error = f'{type(exc).__name__}: {exc} (after {time.perf_counter() - started:.3f} s)'
+            fault, error = FAULT_RAISED, f'{type(exc).__name__}: {exc}'
+        duration = time.perf_counter() - started
+        if fault is None:
+            fault, error = self._judge(chunk, duration)
         self._publish_stats()
         with self._condition:
             self._busy = False
-        self._on_result(request, chunk, error, self._clock())
+        self._on_result(InferenceResult(
+            request=request, chunk=None if fault else chunk, fault=fault, error=error,
+            duration=duration, finished_at=self._clock()))
+
+    def _judge(self, chunk: np.ndarray, duration: float) -> tuple[str | None, str]:
+        """Classify a returned chunk: fine, non-finite or late (in that order)."""
+        if not np.all(np.isfinite(chunk)):
+            bad = int(np.count_nonzero(~np.isfinite(chunk)))
+            return FAULT_NON_FINITE, f'{bad} of {chunk.size} actions are not finite'
+        deadline = self.deadline
+        if duration > deadline:
+            return FAULT_LATE, (f'inference took {duration:.3f} s, more than policy_deadline '
+                                f'= {deadline:.3f} s')
+        return None, ''
 
     def _snapshot(self) -> dict[str, Any]:
         stats = self._policy.stats

@@ -1,0 +1,257 @@
+"""
+Fault tests of the installed node (issue 6): inputs that stop, bad parameter files, signals.
+
+One node process (default.yaml) on its own ROS domain (100-119, loopback discovery only) is
+driven by the integration test's robot probe; the tests run in file order. Each fault must
+stop commands (one hold, nothing from stale data), show up in /diagnostics at WARN or ERROR
+naming the input, and clear by itself when the input returns. Policy faults: a deadline
+too short for any inference (the raising and non-finite policies are in test_node_episodes
+and test_node_worker). Signals during the first inference run the real ``main`` with a
+scripted slow policy (scripted_policy_node.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from rclpy.duration import Duration
+from ros_harness import DEFAULT_CONFIG, NodeProcess, ROOT, ros_env
+from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
+
+from vla_policy_node.ros.conversions import rgb_to_image
+
+pytestmark = pytest.mark.dds
+
+DOMAINS = iter(range(100, 120))
+NODE = '/vla_policy_node'
+WARN, ERROR = '1', '2'
+
+
+class FaultyRobot(RobotProbe):
+    """
+    The probe with stamped frames and streams that can go wrong.
+
+    Modes: 'camera_stopped', 'joints_stopped'; 'stamps_late' (front frames stamped 2 s ago);
+    'stamps_backwards' (each front frame stamped 10 ms before the previous one).
+    """
+
+    _backwards = None
+
+    def _publish_images(self) -> None:
+        if self.mode == 'camera_stopped':
+            return
+        now = self.node.get_clock().now()
+        front = now
+        if self.mode == 'stamps_late':
+            front = now - Duration(seconds=2.0)
+        if self.mode == 'stamps_backwards':
+            self._backwards = (self._backwards or now) - Duration(seconds=0.01)
+            front = self._backwards
+        for stamp, publisher in zip((front, now), self._cameras):
+            msg = rgb_to_image(np.full((48, 64, 3), 90, dtype=np.uint8))
+            msg.header.stamp = stamp.to_msg()
+            publisher.publish(msg)
+
+    def _publish_joints(self) -> None:
+        if self.mode != 'joints_stopped':
+            super()._publish_joints()
+
+    def set_parameter(self, name: str, value: ParameterValue) -> bool:
+        """Set one parameter of the node; whether it was accepted."""
+        client = self.node.create_client(SetParameters, f'{NODE}/set_parameters')
+        try:
+            assert client.wait_for_service(timeout_sec=10.0)
+            future = client.call_async(SetParameters.Request(
+                parameters=[ParameterMsg(name=name, value=value)]))
+            assert wait_until(future.done, 10.0)
+            return future.result().results[0].successful
+        finally:
+            self.node.destroy_client(client)
+
+    def output_level(self) -> str:
+        """Diagnostic level of the policy's output (ERROR after a faulty chunk)."""
+        with self._lock:
+            return self.inputs_status.get('vla_policy_node: policy output', {}).get('level', '')
+
+    def input_level(self, name: str) -> str:
+        """Diagnostic level of one input ('0' OK, '1' WARN, '2' ERROR; '' before any)."""
+        with self._lock:
+            return self.inputs_status.get(f'vla_policy_node: input {name}', {}).get('level', '')
+
+
+@pytest.fixture(scope='module')
+def system():
+    domain_id = next(DOMAINS)
+    node = NodeProcess([DEFAULT_CONFIG], domain_id)
+    probe = None
+    try:
+        assert node.wait_for_output('ready:', timeout=60.0), node.output
+        probe = FaultyRobot(domain_id)
+        yield node, probe
+    finally:
+        if probe is not None:
+            probe.close()
+        node.kill()
+
+
+@pytest.mark.parametrize('mode, stream', [('camera_stopped', 'front'),
+                                          ('joints_stopped', 'joint_states')])
+def test_stopped_input_holds_reports_and_resumes(system, mode, stream):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+    holds = probe.counter('holds_published')
+    probe.mode = mode
+    age = CONFIG['max_observation_age']
+    holding = f'holding: {stream}'
+    assert wait_until(lambda: probe.state().startswith(holding), age + 3.0), node.output
+    assert wait_until(lambda: probe.input_level(stream) in (WARN, ERROR), 3.0)
+    assert wait_until(lambda: probe.counter('holds_published') > holds, 3.0)
+    held, count = probe.last_command(), probe.command_count()
+    time.sleep(1.0)
+    assert probe.command_count() == count, 'a command was sent from stale data'
+    np.testing.assert_allclose(probe.last_command(), held)
+    probe.mode = 'good'
+    assert wait_until(lambda: probe.command_count() > count + 3, 10.0), node.output
+    assert wait_until(lambda: probe.input_level(stream) == '0', 3.0)
+
+
+@pytest.mark.parametrize('mode', ['stamps_late', 'stamps_backwards'])
+def test_late_or_out_of_order_stamps_hold_report_and_resume(system, mode):
+    """Refused by stamp (which check speaks first is load-dependent; see test_node_inputs)."""
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+    probe.mode = mode
+    assert wait_until(lambda: probe.state().startswith('holding: front: header stamp'), 3.0), \
+        node.output
+    assert wait_until(lambda: probe.input_level('front') == ERROR, 3.0)
+    count = probe.command_count()
+    time.sleep(0.5)
+    assert probe.command_count() == count, 'a command was sent from a late or reordered frame'
+    if mode == 'stamps_late':
+        # A camera on another clock: trusting arrival time only lets the robot move again.
+        assert probe.set_parameter('use_header_stamps', ParameterValue(
+            type=ParameterType.PARAMETER_BOOL, bool_value=False))
+        assert wait_until(lambda: probe.command_count() > count + 3, 10.0), node.output
+        assert probe.set_parameter('use_header_stamps', ParameterValue(
+            type=ParameterType.PARAMETER_BOOL, bool_value=True))
+    probe.mode = 'good'
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert wait_until(lambda: probe.input_level('front') == '0', 3.0)
+
+
+def test_policy_deadline_discards_late_chunks_and_relaxing_it_resumes(system):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+    late = probe.counter('policy_late')
+    assert probe.set_parameter('policy_deadline', ParameterValue(
+        type=ParameterType.PARAMETER_DOUBLE, double_value=0.001))
+    assert wait_until(lambda: probe.state().startswith('holding: policy late'), 5.0), \
+        probe.state()
+    assert wait_until(lambda: probe.counter('policy_late') > late + 2, 3.0)
+    assert wait_until(lambda: probe.output_level() == ERROR, 3.0)
+    count = probe.command_count()
+    time.sleep(0.5)
+    assert probe.command_count() == count, 'a late chunk was executed'
+    assert 'more than policy_deadline = 0.001 s' in node.output
+    assert probe.set_parameter('policy_deadline', ParameterValue(
+        type=ParameterType.PARAMETER_DOUBLE, double_value=CONFIG['policy_deadline']))
+    assert wait_until(lambda: probe.command_count() > count + 3, 10.0), node.output
+    assert wait_until(lambda: probe.output_level() == '0', 3.0)
+
+
+def test_only_documented_interfaces(system):
+    node, probe = system
+    graph = probe.node
+    name = 'vla_policy_node'
+    assert wait_until(lambda: graph.get_publisher_names_and_types_by_node(name, '/'), 5.0)
+    published = {n for n, _ in graph.get_publisher_names_and_types_by_node(name, '/')}
+    subscribed = {n for n, _ in graph.get_subscriber_names_and_types_by_node(name, '/')}
+    services = {n for n, _ in graph.get_service_names_and_types_by_node(name, '/')}
+    assert published <= {'/' + CONFIG['command_topic'], '/diagnostics', '/rosout',
+                         '/parameter_events'}
+    inputs = {'/' + t for t in CONFIG['camera_topics']} | {'/joint_states', '/instruction'}
+    assert subscribed <= inputs | {'/parameter_events', '/clock'}
+    parameter_services = {f'{NODE}/{s}' for s in (
+        'describe_parameters', 'get_parameter_types', 'get_parameters', 'list_parameters',
+        'set_parameters', 'set_parameters_atomically', 'get_type_description')}
+    assert services <= {f'{NODE}/reset_episode'} | parameter_services, services
+
+
+@pytest.mark.parametrize('name, value', [('command_topic', 'elsewhere'), ('checkpoint', '/tmp')])
+def test_read_only_parameters_refused_at_run_time(system, name, value):
+    node, probe = system
+    client = probe.node.create_client(SetParameters, f'{NODE}/set_parameters')
+    assert client.wait_for_service(timeout_sec=10.0)
+    param = ParameterMsg(name=name, value=ParameterValue(
+        type=ParameterType.PARAMETER_STRING, string_value=value))
+    future = client.call_async(SetParameters.Request(parameters=[param]))
+    assert wait_until(future.done, 10.0)
+    result = future.result().results[0]
+    assert not result.successful and result.reason
+    probe.node.destroy_client(client)
+
+
+def test_sigterm_publishes_hold_and_exits_zero(system):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    count = probe.command_count()
+    start = time.monotonic()
+    node.process.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=10.0) == 0, node.output
+    assert time.monotonic() - start < 5.0
+    assert 'stopped after publishing a hold' in node.output
+    assert wait_until(lambda: probe.command_count() > count, 2.0)
+
+
+@pytest.mark.parametrize('params, message', [
+    ('control_rate_hz: "fast"', "parameter 'control_rate_hz' must be a double in [1.0, 1000.0], "
+                                "but {path} gives a string ('fast')"),
+    ('control_rate_hz: 5000.0', "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
+    ('bogus_key: 3', "unknown parameters: ['bogus_key']"),
+])
+def test_bad_params_file_exits_one_with_reason(tmp_path, params, message):
+    path = tmp_path / 'bad.yaml'
+    path.write_text(f'/**:\n  ros__parameters:\n    {params}\n')
+    node = NodeProcess([DEFAULT_CONFIG, path], next(DOMAINS))
+    try:
+        assert node.wait(timeout=30.0) == 1, node.output
+        message = message.format(path=path)
+        assert 'cannot start' in node.output and message in node.output, node.output
+    finally:
+        node.kill()
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
+    """Stopped while the first (3 s) step runs: hold at the measured joints, exit 0, fast."""
+    domain_id = next(DOMAINS)
+    node = subprocess.Popen(
+        [sys.executable, str(ROOT / 'test' / 'scripted_policy_node.py'), '--ros-args',
+         '--params-file', str(DEFAULT_CONFIG)], env=ros_env(domain_id),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    probe = FaultyRobot(domain_id)
+    try:
+        assert wait_until(lambda: probe.node.count_subscribers('instruction') > 0, 30.0)
+        time.sleep(1.0)  # inputs arrive within 0.1 s, the first request on the next tick
+        assert probe.command_count() == 0
+        start = time.monotonic()
+        node.send_signal(signum)
+        output, _ = node.communicate(timeout=10.0)
+        assert node.returncode == 0, output
+        assert time.monotonic() - start < 5.0, output
+        assert 'stopped after publishing a hold' in output and 'commands_published=0' in output
+        assert wait_until(lambda: probe.command_count() == 1, 2.0), output
+        np.testing.assert_allclose(probe.commands[0].points[0].positions,
+                                   [0.1 * i for i in range(len(JOINTS))])
+    finally:
+        probe.close()
+        if node.poll() is None:
+            node.kill()
+            node.wait(5.0)
