@@ -26,7 +26,7 @@ setup(
     tests_require=['pytest'],
     entry_points={
         'console_scripts': [
-            f'vla_policy_node = {PACKAGE}.ros.node:main',
+            f'vla_policy_node = {PACKAGE}.ros.entry:main',
             f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
             'vla-policy-bench = vla_policy_node.bench.cli:main',
         ],

@@ -22,7 +22,7 @@ import pytest
 from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.duration import Duration
-from ros_harness import DEFAULT_CONFIG, NodeProcess, ROOT, ros_env
+from ros_harness import DEFAULT_CONFIG, installed_executable, NodeProcess, ROOT, ros_env
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
 
 from vla_policy_node.ros.conversions import rgb_to_image
@@ -255,3 +255,20 @@ def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
         if node.poll() is None:
             node.kill()
             node.wait(5.0)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_signal_while_still_importing_exits_zero(signum):
+    """A signal in the first second (rclpy and torch still importing) ends the process cleanly."""
+    node = subprocess.Popen([str(installed_executable()), '--ros-args', '--params-file', str(DEFAULT_CONFIG)],
+                            env=ros_env(next(DOMAINS)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        time.sleep(0.3)
+        node.send_signal(signum)
+        output, _ = node.communicate(timeout=10.0)
+        assert node.returncode == 0, output
+        assert 'Traceback' not in output, output
+    finally:
+        if node.poll() is None:
+            node.kill()

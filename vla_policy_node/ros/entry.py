@@ -1,0 +1,21 @@
+"""Console entry point of the node: signal handling in place before the heavy imports."""
+
+import signal
+
+
+def _exit_before_start(signum: int, frame: object) -> None:
+    # Nothing has been commanded before the node exists, so there is nothing to hold.
+    raise SystemExit(0)
+
+
+def main() -> int:
+    """
+    Import rclpy, torch and the node only after SIGINT/SIGTERM exit cleanly.
+
+    Importing torch takes seconds; a signal in that window would otherwise kill the
+    process with the default action (a traceback or a non-zero status).
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_before_start)
+    from vla_policy_node.ros.node import main as node_main
+    return node_main()
