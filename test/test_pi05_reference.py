@@ -17,6 +17,7 @@ from vla_policy_node.core.families.pi05 import Pi05, discretize_state, key_rules
 from vla_policy_node.core.flow import euler_integrate
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.types import ModelInputs
+from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
@@ -118,7 +119,7 @@ def test_prompt_cleaning_and_bin_edges():
 
 def test_bfloat16_keeps_sensitive_parts_float32(reference_dir):
     folder = reference_dir("pi05")
-    model = load_pi05(folder, "sdpa").to(torch.bfloat16).keep_float32()
+    model = cast_model(load_pi05(folder, "sdpa"), CPU, torch.bfloat16)
     assert model.expert.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     for p in (model.expert.layers[0].input_layernorm.dense.weight, model.expert.norm.dense.weight,
               model.time_mlp_in.weight, model.time_mlp_out.weight, model.action_in_proj.weight,

@@ -20,6 +20,7 @@ from vla_policy_node.core.rope import rope_cos_sin
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.types import ModelInputs
 from vla_policy_node.core.vision import SiglipVisionTransformer, VisionSpec
+from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
@@ -150,7 +151,7 @@ def test_config_uses_published_variants_without_tiny_dims(reference_dir):
 
 def test_bfloat16_keeps_sensitive_parts_float32(reference_dir):
     folder = reference_dir("pi0")
-    model = load_pi0(folder, "sdpa").to(torch.bfloat16).keep_float32()
+    model = cast_model(load_pi0(folder, "sdpa"), CPU, torch.bfloat16)
     assert model.vlm.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     for p in (model.vlm.layers[0].input_layernorm.weight, model.expert.norm.weight, model.state_proj.weight,
               model.action_in_proj.weight, model.action_out_proj.weight, model.action_time_mlp_in.weight,

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import sinusoidal_time_embedding
-from ..precision import keep_float32
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
 from .paligemma import (BACKBONE_FLOAT32, GemmaExpert, PaliGemma, PiConfig, backbone_key_rules,
@@ -60,10 +59,6 @@ class Pi0(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.vlm.dtype
-
-    def keep_float32(self) -> "Pi0":
-        """Call after ``.to(torch.bfloat16)``: puts ``FLOAT32_MODULES`` back in float32."""
-        return keep_float32(self, self.FLOAT32_MODULES)
 
     def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
         if inputs.state is None:

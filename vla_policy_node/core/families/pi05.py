@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import sinusoidal_time_embedding
-from ..precision import keep_float32
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
 from .paligemma import (BACKBONE_FLOAT32, GemmaExpert, PaliGemma, PiConfig, backbone_key_rules,
@@ -76,10 +75,6 @@ class Pi05(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.vlm.dtype
-
-    def keep_float32(self) -> "Pi05":
-        """Call after ``.to(torch.bfloat16)``: puts ``FLOAT32_MODULES`` back in float32."""
-        return keep_float32(self, self.FLOAT32_MODULES)
 
     def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
         """Run the VLM once; the state is not a token here, it reached the model through the prompt."""
