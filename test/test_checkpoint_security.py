@@ -1,4 +1,5 @@
-"""Corrupted and hostile checkpoint folders: each is refused with a clear ``CheckpointError``.
+"""
+Corrupted and hostile checkpoint folders: each is refused with a clear ``CheckpointError``.
 
 Every case starts from a writable copy of the SmolVLA reference fixture in
 ``tmp_path`` and breaks one thing. The loader must say what is wrong, never

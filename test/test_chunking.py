@@ -179,7 +179,8 @@ def test_measured_rate_and_delay_estimate():
 
 
 def two_chunks(blend: str, **kwargs) -> tuple[ChunkScheduler, list]:
-    """Chunk A = 0,1,2,3 from step 0; at step 2 (t=0.1) request B = 10..13, arriving at t=0.27.
+    """
+    Chunk A = 0,1,2,3 from step 0; at step 2 (t=0.1) request B = 10..13, arriving at t=0.27.
 
     Step 2 ran at t=0.2 while B was in flight, so B[0] (step 2) is skipped; B[1] is for step 3.
     """

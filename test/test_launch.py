@@ -47,4 +47,4 @@ def test_setup_installs_every_file_the_launch_file_needs():
     for pattern in ("glob('launch/*.launch.py')", "glob('config/*.yaml')", "'package.xml'",
                     "f'resource/{PACKAGE}'"):
         assert pattern in text
-    assert "f'vla_policy_node = {PACKAGE}.ros.node:main'" in text
+    assert "f'vla_policy_node = {PACKAGE}.ros.entry:main'" in text

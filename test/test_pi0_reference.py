@@ -168,7 +168,8 @@ def test_bfloat16_keeps_sensitive_parts_float32(reference_dir):
 # ------------------------------------------------------------------ pieces vs transformers
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_gemma_layer_matches_transformers(backend):
-    """One Gemma layer: prefix pass filling the cache, then a suffix reading it frozen,
+    """
+    One Gemma layer: prefix pass filling the cache, then a suffix reading it frozen,
     equals transformers' layer over [prefix; suffix] with the suffix hidden from the prefix."""
     modeling_gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
     from transformers import GemmaConfig

@@ -1,4 +1,5 @@
-"""Property-based tests: prefix cache invariants on random operation sequences, preprocessor fuzz.
+"""
+Property-based tests: prefix cache invariants on random operation sequences, preprocessor fuzz.
 
 The cache is checked against a plain-list model of its semantics (layer
 order, concatenation, sliding windows, read-only immutability, reset). The

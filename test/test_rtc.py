@@ -21,7 +21,8 @@ def euler(velocity_fn, noise: torch.Tensor, num_steps: int = STEPS) -> torch.Ten
 
 
 def gaussian_velocity(mean: torch.Tensor, std: float, num_steps: int = STEPS):
-    """Exact flow velocity for actions ~ N(mean, std^2) per element, noise ~ N(0, 1).
+    """
+    Exact flow velocity for actions ~ N(mean, std^2) per element, noise ~ N(0, 1).
 
     x_t = t z + (1 - t) a, so E[a | x_t] = mean + (1-t) std^2 / ((1-t)^2 std^2 + t^2) (x_t - (1-t) mean)
     and v = (x_t - E[a | x_t]) / t.

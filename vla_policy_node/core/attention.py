@@ -1,4 +1,5 @@
-"""Attention kernels and the mask rules of prefix/suffix VLAs.
+"""
+Attention kernels and the mask rules of prefix/suffix VLAs.
 
 Two backends compute the same thing: ``eager`` (float32 scores, exactly what
 LeRobot and openpi do) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``,
@@ -17,7 +18,8 @@ BACKENDS = ("eager", "sdpa")
 
 
 def make_att_2d_masks(pad_masks: Tensor, att_masks: Tensor) -> Tensor:
-    """Big-vision attention rule from a pad mask and a cumulative "ar" mask.
+    """
+    Big-vision attention rule from a pad mask and a cumulative "ar" mask.
 
     ``pad_masks`` (B, L) bool: True = real token. ``att_masks`` (B, L) int/bool:
     a token may attend to every token whose cumulative ar-count is <= its own.
@@ -52,7 +54,8 @@ def repeat_kv(states: Tensor, n_rep: int) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdpa",
               scale: float | None = None) -> Tensor:
-    """Grouped-query attention.
+    """
+    Grouped-query attention.
 
     q (B, H, Lq, D); k, v (B, H_kv, Lk, D); mask (B, 1, Lq, Lk) additive float
     (see ``additive_mask``). Returns (B, H, Lq, D) in v's dtype.

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import packed_linear
 from .attention import attention
 from .prefix_cache import VLAPrefixCache
 from .rope import apply_rope
@@ -74,6 +75,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
         self.act = ACTIVATIONS[act]
         self.register_buffer("gate_up_weight", None, persistent=False)   # set by ``fuse``
+        self.gate_up_packed: Optional[Tensor] = None                        # set by ``pack_linears``
 
     def fuse(self) -> None:
         """One (2*hidden, dim) matmul instead of two; gate/up weights become views of it (same state dict)."""
@@ -82,7 +84,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is None:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        gate, up = packed_linear.linear(x, self.gate_up_weight, None, self.gate_up_packed).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -98,6 +100,21 @@ def _fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Optional[Tensor]]:
             lin.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
         start += n
     return weight, bias
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """oneDNN-packed weights for every CPU linear and fused projection (see ``packed_linear``); call last."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            packed = packed_linear.pack(module.weight)
+            if packed is not None:
+                module.__class__ = packed_linear.PackedLinear
+                module.packed = packed
+        elif isinstance(module, GatedMLP) and module.gate_up_weight is not None:
+            module.gate_up_packed = packed_linear.pack(module.gate_up_weight)
+        elif isinstance(module, AttentionProjections) and module.qkv_weight is not None:
+            module.qkv_packed = packed_linear.pack(module.qkv_weight)
+    return model
 
 
 def fuse_projections(model: nn.Module) -> nn.Module:
@@ -122,6 +139,7 @@ class AttentionProjections(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=bias)
         self.register_buffer("qkv_weight", None, persistent=False)      # set by ``fuse``
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.qkv_packed: Optional[Tensor] = None                            # set by ``pack_linears``
 
     def fuse(self) -> None:
         """One matmul for q, k and v (self-attention only: cross-attention k/v read another input)."""
@@ -133,7 +151,7 @@ class AttentionProjections(nn.Module):
         if self.qkv_weight is None:
             return (self.q(x), *self.kv(x))
         b, L, _ = x.shape
-        heads = F.linear(x, self.qkv_weight, self.qkv_bias).view(b, L, -1, self.head_dim)
+        heads = packed_linear.linear(x, self.qkv_weight, self.qkv_bias, self.qkv_packed).view(b, L, -1, self.head_dim)
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 

@@ -1,4 +1,5 @@
-"""Reading a checkpoint folder safely: JSON configs, safetensors weights, normalization statistics.
+"""
+Reading a checkpoint folder safely: JSON configs, safetensors weights, normalization statistics.
 
 A checkpoint is untrusted input. Only safetensors and JSON are ever read: a
 pickle-based file (``.bin``, ``.pt``, ``.ckpt``, ``.pkl``) is refused with the
@@ -89,7 +90,8 @@ def config_value(config: dict, key: str, kind: type | tuple[type, ...], default:
 
 
 def check_config_types(config: object, source: str) -> None:
-    """Check a family config dataclass (recursively) against its annotations.
+    """
+    Check a family config dataclass (recursively) against its annotations.
 
     ``from_lerobot``-style constructors copy JSON values without converting them, so a
     string where an int belongs would otherwise surface as a TypeError mid-inference.
@@ -128,7 +130,8 @@ class TensorInfo:
 
 
 def read_safetensors_header(path: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
-    """Parse and check a safetensors header without reading any tensor.
+    """
+    Parse and check a safetensors header without reading any tensor.
 
     Checks that the header fits the file, every dtype is known, every shape is a
     list of non-negative integers, each tensor's byte range matches its shape and
@@ -213,7 +216,8 @@ def weights_file(folder: Path) -> Path:
 
 
 def tokenizer_file(folder: Path, name: str) -> Path:
-    """Find the ``tokenizer.json`` a config names: inside the checkpoint folder, else the local HF cache.
+    """
+    Find the ``tokenizer.json`` a config names: inside the checkpoint folder, else the local HF cache.
 
     The name may be a file or folder inside the checkpoint or a hub id found in the
     Hugging Face cache; an absolute path or one escaping the folder is refused.

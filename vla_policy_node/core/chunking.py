@@ -1,4 +1,5 @@
-"""Execute action chunks at the control rate while the next chunk is computed.
+"""
+Execute action chunks at the control rate while the next chunk is computed.
 
 The control timer calls ``next_action(now)`` every period; inference runs elsewhere
 and hands chunks back with ``submit_chunk``. Time is injected (seconds), so tests
@@ -175,7 +176,8 @@ class ChunkScheduler:
             self._stats["requests_cancelled"] += 1
 
     def submit_chunk(self, request: ChunkRequest, chunk: np.ndarray, now: float) -> bool:
-        """Queue a chunk (T, A), T >= horizon; False if it belongs to an old request or episode.
+        """
+        Queue a chunk (T, A), T >= horizon; False if it belongs to an old request or episode.
 
         Raises ValueError on a malformed or non-finite chunk (the request is closed).
         """
@@ -244,7 +246,8 @@ class ChunkScheduler:
         return action
 
     def peek(self, n: int = 0) -> np.ndarray:
-        """Planned actions (K, A) for the next steps, the next one first, as ``next_action``
+        """
+        Planned actions (K, A) for the next steps, the next one first, as ``next_action``
         would return them if no chunk arrived meanwhile; at most ``n`` (0: all). Changes
         nothing (no tick is measured, no step consumed). K is 0 when nothing is planned."""
         count = self.actions_left if n <= 0 else min(n, self.actions_left)

@@ -1,4 +1,5 @@
-"""Flow-matching sampling: the fixed Euler schedule and a stateless integrator.
+"""
+Flow-matching sampling: the fixed Euler schedule and a stateless integrator.
 
 Convention (LeRobot / openpi): x at t=1 is noise, the model predicts the
 velocity v = noise - actions, and the integrator steps t from 1 to 0 with

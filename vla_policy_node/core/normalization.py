@@ -1,4 +1,5 @@
-"""State/action (un)normalization from LeRobot or openpi statistics.
+"""
+State/action (un)normalization from LeRobot or openpi statistics.
 
 Modes follow LeRobot's ``NormalizerProcessorStep``: MEAN_STD, MIN_MAX,
 QUANTILES (q01/q99), QUANTILE10 (q10/q90) and IDENTITY. Statistics are

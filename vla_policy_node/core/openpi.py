@@ -1,4 +1,5 @@
-"""openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
+"""
+openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
 
 openpi configs carry no LeRobot ``type``; they are recognised by their own
 fields (``action_horizon``, ``paligemma_variant``) and translated into the

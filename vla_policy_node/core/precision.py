@@ -1,4 +1,5 @@
-"""Mixed precision: which parts of a model stay float32 when the rest runs in bfloat16/float16.
+"""
+Mixed precision: which parts of a model stay float32 when the rest runs in bfloat16/float16.
 
 Norms, time embeddings/MLPs and the action/state projections are numerically
 sensitive (the reference implementations keep them in float32); each family

@@ -1,4 +1,5 @@
-"""The per-layer key/value cache of the VLM prefix.
+"""
+The per-layer key/value cache of the VLM prefix.
 
 A control step fills the cache once (one VLM pass over images, language and
 state), freezes it, and the action expert then reads it at every denoising
@@ -23,7 +24,8 @@ class ReadOnlyCacheError(RuntimeError):
 
 
 class VLAPrefixCache:
-    """Per-layer K/V of the prefix, with SGLang's VLA ``update`` semantics.
+    """
+    Per-layer K/V of the prefix, with SGLang's VLA ``update`` semantics.
 
     While filling, ``update(k, v, layer_idx)`` appends a new layer
     (``layer_idx == len(self)``) or concatenates onto an existing one
@@ -191,7 +193,8 @@ class VLAPrefixCache:
 
 @dataclass
 class PrefixContext:
-    """Everything the denoising steps of one control step read, batch-first.
+    """
+    Everything the denoising steps of one control step read, batch-first.
 
     ``extras`` holds family-specific per-step constants (for example the
     cross-attention K/V projected once from the cache); each value is a

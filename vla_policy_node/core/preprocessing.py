@@ -1,4 +1,5 @@
-"""Inference-only preprocessing: camera frames, prompt tokens and state -> ``ModelInputs``.
+"""
+Inference-only preprocessing: camera frames, prompt tokens and state -> ``ModelInputs``.
 
 No augmentation and no guessing of channel layout: frames are uint8 RGB
 ``(H, W, 3)`` (or ``(B, H, W, 3)``), as the ROS conversion produces them.
@@ -28,7 +29,8 @@ ImageTransform = Callable[[Tensor], Tensor]
 
 
 def resize_with_pad(img: Tensor, height: int, width: int, pad_value: float) -> Tensor:
-    """Keep aspect ratio, bilinear resize (no antialias), pad on the left and top.
+    """
+    Keep aspect ratio, bilinear resize (no antialias), pad on the left and top.
 
     img (B, C, H, W) float in [0, 1] -> (B, C, height, width). LeRobot's SmolVLA and
     pi0 do exactly this; the pad value is in the same [0, 1] space.

@@ -7,7 +7,8 @@ from torch import Tensor
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """Angles for integer ``positions`` (B, L) -> cos, signed sin, each (B, 1, L, head_dim), float32.
+    """
+    Angles for integer ``positions`` (B, L) -> cos, signed sin, each (B, 1, L, head_dim), float32.
 
     Full width, sin negated on the first half, so ``apply_rope`` needs no slicing.
 
@@ -24,7 +25,8 @@ def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor,
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, H, L, D) by the angles from ``rope_cos_sin``; result in x's dtype.
+    """
+    Rotate x (B, H, L, D) by the angles from ``rope_cos_sin``; result in x's dtype.
 
     ``[x1, x2] * cos + [x2, x1] * [-sin, sin]`` is ``[x1 cos - x2 sin, x2 cos + x1 sin]``
     bit for bit, in four kernels instead of eleven (the expert step is launch-bound).

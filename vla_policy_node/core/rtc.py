@@ -1,4 +1,5 @@
-"""Real-time chunking (RTC): guide a new action chunk toward the actions already committed.
+"""
+Real-time chunking (RTC): guide a new action chunk toward the actions already committed.
 
 Black et al. 2025, "Real-Time Execution of Action Chunking Flow Policies". While a
 chunk is being computed the robot keeps executing the previous one, so the first
@@ -40,7 +41,8 @@ from .flow import VelocityFn
 
 
 def prefix_weights(delay: int, overlap: int, horizon: int) -> np.ndarray:
-    """Soft mask ``W`` (horizon,) over the new chunk: how hard each action is pulled.
+    """
+    Soft mask ``W`` (horizon,) over the new chunk: how hard each action is pulled.
 
     ``W_i = 1`` for ``i < delay`` (those actions run before the chunk arrives),
     ``W_i = c_i (e^c_i - 1) / (e - 1)`` with ``c_i = (overlap - i) / (overlap - delay + 1)``
@@ -77,7 +79,8 @@ def guided_velocity(
     delay: int,
     max_guidance_weight: float,
 ) -> Tensor:
-    """One RTC-guided velocity at flow time ``t`` (see module docstring for the math).
+    """
+    One RTC-guided velocity at flow time ``t`` (see module docstring for the math).
 
     x_t: (B, H, A) or (H, A) noisy chunk. velocity: ``x_t -> v`` at this ``t``.
     prefix: (K, A_p) or (B, K, A_p) committed actions in the model's (normalized)
@@ -115,7 +118,8 @@ def rtc_guided_velocity(
     num_steps: int,
     max_guidance_weight: float = 10.0,
 ) -> VelocityFn:
-    """Wrap ``velocity_fn`` for the Euler loop so every step is RTC-guided.
+    """
+    Wrap ``velocity_fn`` for the Euler loop so every step is RTC-guided.
 
     Step ``k`` is taken at ``t = 1 + k * dt``, ``dt = -1 / num_steps`` (``flow.euler_schedule``).
     Plugs into ``PolicyRuntime.sample(guide=lambda v: rtc_guided_velocity(v, ...))``.

@@ -1,4 +1,5 @@
-"""PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
+"""
+PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
 
 The runtime owns the prefix cache and the counters the node reports. A
 family model provides three methods (see ``FlowMatchingVLA``); the runtime
@@ -111,7 +112,8 @@ class PolicyRuntime:
 
     def sample(self, inputs: ModelInputs, noise: Tensor,
                guide: Optional[Callable[[VelocityFn], VelocityFn]] = None) -> Tensor:
-        """Normalized actions (B, chunk, max_action_dim), float32.
+        """
+        Normalized actions (B, chunk, max_action_dim), float32.
 
         ``guide`` wraps the velocity function (real-time chunking); guided
         sampling needs autograd, so it runs under ``no_grad`` with local
@@ -175,7 +177,8 @@ class PolicyRuntime:
 
 
 class CudaGraphSample:
-    """The prefix pass and the denoising loop of one input shape, captured as two CUDA graphs.
+    """
+    The prefix pass and the denoising loop of one input shape, captured as two CUDA graphs.
 
     Inputs and noise are copied into static tensors and the graphs replayed; the
     denoising graph reads the cache the prefix graph wrote (one shared memory

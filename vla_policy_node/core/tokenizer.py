@@ -1,4 +1,5 @@
-"""Offline tokenizers: Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library.
+"""
+Offline tokenizers: Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library.
 
 Nothing is downloaded. A tokenizer is looked up in an explicit directory or
 file, then in the standard Hugging Face cache; a miss names every path tried.
@@ -27,7 +28,8 @@ def hf_cache_dirs() -> list[Path]:
 
 
 def resolve_tokenizer(name: str, base_dir: Optional[Path] = None) -> Path:
-    """Find ``tokenizer.json`` for ``name``: a file, a directory, or a hub id in the local cache.
+    """
+    Find ``tokenizer.json`` for ``name``: a file, a directory, or a hub id in the local cache.
 
     Relative names resolve against ``base_dir`` (the checkpoint folder), never the working
     directory; hub ids are looked up as ``models--org--name/snapshots/<rev>/``.

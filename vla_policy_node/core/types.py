@@ -11,7 +11,8 @@ from torch import Tensor
 
 @dataclass
 class ModelInputs:
-    """One batch of observations in the form every family's ``encode_prefix`` takes.
+    """
+    One batch of observations in the form every family's ``encode_prefix`` takes.
 
     images       per camera, (B, 3, S, S) float in [-1, 1] at the model resolution
     image_masks  per camera, (B,) bool; False = camera missing, its tokens are masked

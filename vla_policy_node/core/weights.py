@@ -1,4 +1,5 @@
-"""Load checkpoint tensors into a model by name, with name, shape and dtype checks first.
+"""
+Load checkpoint tensors into a model by name, with name, shape and dtype checks first.
 
 Only safetensors are read (``safe_open``: no pickle, no code). The whole
 header is checked against the model before any tensor is read: every name
@@ -37,7 +38,8 @@ def _listing(names: list[str]) -> str:
 
 def check_weights(target: Mapping[str, torch.Tensor], header: Mapping[str, TensorInfo], key_map: KeyMap,
                   aliases: Optional[dict[str, str]] = None, file: str = "model.safetensors") -> list[tuple[str, str]]:
-    """Return the (checkpoint key, module key) copy plan, or raise ``CheckpointError`` naming what does not fit.
+    """
+    Return the (checkpoint key, module key) copy plan, or raise ``CheckpointError`` naming what does not fit.
 
     Floating-point parameters accept float32, bfloat16 and float16 tensors (cast on copy);
     float64 is refused (no VLA ships it, it doubles the read) and so is an integer tensor
@@ -74,7 +76,8 @@ def check_weights(target: Mapping[str, torch.Tensor], header: Mapping[str, Tenso
 
 def load_weights(model: nn.Module, path: Path, key_map: KeyMap,
                  aliases: Optional[dict[str, str]] = None) -> dict[str, int]:
-    """Copy every tensor of ``path`` that ``key_map`` keeps into ``model``.
+    """
+    Copy every tensor of ``path`` that ``key_map`` keeps into ``model``.
 
     ``aliases`` maps module keys to module keys that share a checkpoint
     tensor (tied embeddings). Raises ``CheckpointError`` on a corrupt file or a
@@ -100,7 +103,8 @@ def load_weights(model: nn.Module, path: Path, key_map: KeyMap,
 
 def build_model(factory: Callable[[], nn.Module], config: object, path: Path, key_map: KeyMap,
                 aliases: Optional[dict[str, str]] = None) -> nn.Module:
-    """Build ``factory()`` and load ``path`` into it, checking the header before allocating anything.
+    """
+    Build ``factory()`` and load ``path`` into it, checking the header before allocating anything.
 
     ``config`` is the family config dataclass the factory builds from: its field types are
     checked, and no stack may have more layers than the checkpoint has tensors (each layer

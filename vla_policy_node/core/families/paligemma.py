@@ -1,4 +1,5 @@
-"""PaliGemma with a Gemma action expert: the backbone pi0 and pi0.5 share.
+"""
+PaliGemma with a Gemma action expert: the backbone pi0 and pi0.5 share.
 
 Prefix pass (once per control step)::
 
@@ -199,7 +200,8 @@ class PaliGemma(nn.Module):
         return self.layers[0].self_attn.q_proj.weight.dtype
 
     def embed_prefix(self, inputs: ModelInputs, backend: str) -> tuple[Tensor, Tensor]:
-        """Images and language -> embeddings (B, Lp, W) in the decoder dtype, pad mask (B, Lp) bool.
+        """
+        Images and language -> embeddings (B, Lp, W) in the decoder dtype, pad mask (B, Lp) bool.
 
         All cameras go through the vision tower as one batch of B * n_cameras.
         """
@@ -216,7 +218,8 @@ class PaliGemma(nn.Module):
         return embs, pad
 
     def forward(self, embs: Tensor, pad_mask: Tensor, cache: VLAPrefixCache, backend: str) -> None:
-        """Run the decoder over the prefix (B, Lp, W); its per-layer K/V land in ``cache``.
+        """
+        Run the decoder over the prefix (B, Lp, W); its per-layer K/V land in ``cache``.
 
         The ar-mask is all zeros: valid prefix tokens attend to each other both ways.
         Positions are cumsum(pad) - 1, so padding does not shift later tokens.
@@ -256,7 +259,8 @@ class GemmaExpert(nn.Module):
 
 def suffix_attention(prefix_pad: Tensor, suffix_ar: Tensor, head_dim: int, rope_base: float,
                      dtype: torch.dtype) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Mask and RoPE of a suffix that follows the cached prefix; constant over a control step.
+    """
+    Mask and RoPE of a suffix that follows the cached prefix; constant over a control step.
 
     prefix_pad (B, Lp) bool; suffix_ar (Ls,) int: the suffix's own ar-mask (no suffix padding).
     Every suffix token sees all valid prefix tokens; within the suffix the cumsum rule applies.
@@ -273,7 +277,8 @@ def suffix_attention(prefix_pad: Tensor, suffix_ar: Tensor, head_dim: int, rope_
 
 
 def prepare_image(image: Tensor, resolution: int) -> Tensor:
-    """Camera image (B, 3, H, W) in [0, 1] -> model input (B, 3, S, S), LeRobot 0.4.4 pi0/pi0.5 exactly.
+    """
+    Camera image (B, 3, H, W) in [0, 1] -> model input (B, 3, S, S), LeRobot 0.4.4 pi0/pi0.5 exactly.
 
     Aspect-preserving bilinear resize (align_corners=False, no antialias) so the longer
     side fits, centre padding with -1.0, then x * 2 - 1. The padding happens in [0, 1]
@@ -293,7 +298,8 @@ def prepare_image(image: Tensor, resolution: int) -> Tensor:
 
 
 def backbone_key_rules(heads: list[str]) -> list[tuple[str, Optional[str]]]:
-    """Checkpoint key prefixes -> module prefixes for LeRobot (``model.`` root) and openpi (no root).
+    """
+    Checkpoint key prefixes -> module prefixes for LeRobot (``model.`` root) and openpi (no root).
 
     ``heads`` are the family's own top-level projections (``action_in_proj``, ...).
     The VLM's LM head doubles as the embedding table (tied: LeRobot stores only the head,

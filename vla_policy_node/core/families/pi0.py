@@ -1,4 +1,5 @@
-"""pi0 (LeRobot 0.4.4 ``PI0Policy``, openpi ``pi0``): PaliGemma prefix, Gemma expert suffix.
+"""
+pi0 (LeRobot 0.4.4 ``PI0Policy``, openpi ``pi0``): PaliGemma prefix, Gemma expert suffix.
 
 Suffix of every denoising step, (B, 1 + T, W_expert)::
 

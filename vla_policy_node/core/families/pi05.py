@@ -1,4 +1,5 @@
-r"""pi0.5 (LeRobot 0.4.4 ``PI05Policy``, openpi ``pi05``): PaliGemma prefix, adaRMS Gemma expert.
+r"""
+pi0.5 (LeRobot 0.4.4 ``PI05Policy``, openpi ``pi05``): PaliGemma prefix, adaRMS Gemma expert.
 
 Differences from pi0: no state token (the state is discretised into the prompt,
 ``pi05_prompt``), the suffix is just ``action_in_proj(x_t)`` (B, T, W_expert) with
@@ -32,7 +33,8 @@ STATE_BINS = 256
 
 
 def discretize_state(normalized_state: np.ndarray, max_state_dim: int) -> np.ndarray:
-    """(D,) normalized state -> (max_state_dim,) int bins: zero-pad, then 256 equal bins over [-1, 1].
+    """
+    (D,) normalized state -> (max_state_dim,) int bins: zero-pad, then 256 equal bins over [-1, 1].
 
     ``np.digitize`` over the 256 left bin edges, as LeRobot: values below -1 give -1, values
     >= 1 - 2/256 give 255; the zero padding lands in bin 128.

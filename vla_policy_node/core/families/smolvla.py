@@ -1,4 +1,5 @@
-"""SmolVLA: SmolVLM (SigLIP + pixel-shuffle connector + Llama text model) with a narrow action expert.
+"""
+SmolVLA: SmolVLM (SigLIP + pixel-shuffle connector + Llama text model) with a narrow action expert.
 
 Prefix = [camera tokens * sqrt(width) ...; language * sqrt(width); state token].
 The prefix pass runs the first ``num_vlm_layers`` text layers once, filling
@@ -161,7 +162,8 @@ def pixel_shuffle(x: Tensor, scale: int) -> Tensor:
 
 
 def smolvlm_position_ids(num_patches_per_side: int) -> Tensor:
-    """Vision position ids exactly as SmolVLM (transformers 4.57) computes them.
+    """
+    Vision position ids exactly as SmolVLM (transformers 4.57) computes them.
 
     The fractional coordinates are shrunk by (1 - 1e-6) before ``bucketize``, so
     the first two rows share bucket 0 and the last is never used; checkpoints

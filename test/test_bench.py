@@ -1,0 +1,47 @@
+"""vla-policy-bench on the tiny configuration: the JSON carries every figure, and the figures are sane."""
+
+import json
+
+import pytest
+
+from vla_policy_node.bench import cli
+
+ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
+
+
+def run_bench(tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    assert cli.main([*ARGS, *extra, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_json_structure_without_lerobot(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")
+    r = run_bench(tmp_path)
+    assert r["config"]["family"] == "smolvla" and r["config"]["cameras"] == 1
+    assert r["config"]["num_steps"] == 10 and r["config"]["chunk_size"] == 50
+    assert r["config"]["prefix_tokens"] == (64 // 8) ** 2 // 2 ** 2 + 48 + 1   # camera + language + state
+    for stage in cli.STAGES:
+        s = r["stages"][stage]
+        assert 0 < s["median_ms"] <= s["p95_ms"] <= s["max_ms"], stage
+    assert r["stages"]["denoise_step"]["n"] == 2 * 10
+    assert r["stages"]["total"]["median_ms"] >= r["stages"]["prefix"]["median_ms"]
+    assert r["memory"]["peak_rss_mib"] > 0 and r["memory"]["cuda_peak_mib"] is None
+    naive = r["naive"]
+    assert naive["max_abs_diff"] < 1e-5 and naive["ratio"] > 1
+    assert 1 < naive["theoretical_ratio"] < 10 and naive["gflops"]["prefix"] > naive["gflops"]["step"] > 0
+    assert r["lerobot"]["available"] is False and "make lerobot-env" in r["lerobot"]["reason"]
+    table = capsys.readouterr().out
+    assert "denoise step (each)" in table and "LeRobot: not measured" in table
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cli.LEROBOT_PYTHON.exists(), reason="no .venv-lerobot (make lerobot-env)")
+def test_bench_against_lerobot(tmp_path):
+    r = run_bench(tmp_path, "--naive-iters", "0")
+    lr = r["lerobot"]
+    assert lr["available"] and lr["n"] == 2 and lr["speedup"] > 0
+    assert lr["max_abs_diff"] < 1e-5                  # same weights, inputs and noise as LeRobot
+    assert lr["not_in_checkpoint"] == ["model.vlm_with_expert.vlm.lm_head.weight",
+                                       "model.vlm_with_expert.vlm.model.text_model.norm.weight"]
+    assert r["naive"] is None

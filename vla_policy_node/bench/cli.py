@@ -1,0 +1,430 @@
+"""``vla-policy-bench``: observation-to-chunk latency, per stage, against the naive path and LeRobot.
+
+One run measures, after warm-up and on the same weights and inputs:
+- per stage (preprocessing, prefix pass, each denoising step, post-processing,
+  total) median / p95 / max, and peak memory;
+- the cached path against the naive one that recomputes the prefix at every
+  denoising step (alternating), with the theoretical ratio from FLOP counts;
+- LeRobot 0.4.4's own ``predict_action_chunk`` (alternating iterations with ours,
+  so machine drift cancels), run from ``.venv-lerobot`` as a subprocess
+  (``lerobot_worker.py``), and the largest action difference at equal noise.
+
+Named configurations (``tiny``, ``smolvla``) are random-weight models saved as
+LeRobot checkpoints in a temporary folder (see ``checkpoints``); ``--checkpoint``
+benchmarks a checkpoint folder instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from vla_policy_node.bench import checkpoints
+from vla_policy_node.core.policy import Policy
+from vla_policy_node.core.prefix_cache import VLAPrefixCache
+from vla_policy_node.core.types import ModelInputs
+from vla_policy_node.models import load_policy
+
+REPO = Path(__file__).resolve().parents[2]
+LEROBOT_PYTHON = REPO / ".venv-lerobot" / "bin" / "python"
+WORKER = Path(__file__).with_name("lerobot_worker.py")
+TASK = "pick up the red cube and put it in the bin"
+STAGES = ("preprocess", "prefix", "denoise_step", "denoise", "postprocess", "total")
+
+
+def summarize(seconds: list[float]) -> dict[str, float]:
+    """Milliseconds: median, p95, max, n."""
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    return {"median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95)),
+            "max_ms": float(ms.max()), "n": int(ms.size)}
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS counter (VmHWM), so writing the random checkpoint is not counted."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def progress(msg: str) -> None:
+    print(f"[vla-policy-bench] {msg}", file=sys.stderr, flush=True)
+
+
+class LeRobotWorker:
+    """LeRobot's ``predict_action_chunk`` in its own virtual environment, one request per line."""
+
+    def __init__(self, checkpoint: Path, inputs: Path, threads: int, log: Path) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""}
+        self.log = log
+        with open(log, "w") as stderr:
+            self.proc = subprocess.Popen(
+                [str(LEROBOT_PYTHON), str(WORKER), str(checkpoint), str(inputs), "--threads", str(threads)],
+                cwd=checkpoint, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.info = self._reply()
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"the LeRobot worker exited (code {self.proc.wait()}): {' | '.join(tail)}")
+        return json.loads(line)
+
+    def request(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int) -> tuple[dict, np.ndarray]:
+    """Random uint8 camera frames, state and a fixed task; noise (1, chunk, max_action_dim)."""
+    rng = np.random.default_rng(seed)
+    h, w = frame_hw
+    obs = {"images": {name: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for name in policy.camera_names},
+           "state": rng.normal(size=policy.state_dim).astype(np.float32), "task": TASK}
+    noise = rng.standard_normal((1, policy.chunk_size, policy.model.max_action_dim)).astype(np.float32)
+    return obs, noise
+
+
+def worker_inputs(policy: Policy, obs: dict, noise: np.ndarray, path: Path) -> ModelInputs:
+    """Save what LeRobot's ``predict_action_chunk`` takes (after its pre-processor) for the same observation."""
+    inputs = policy.preprocessor(obs)
+    tensors = {f"batch.{name}": torch.from_numpy(obs["images"][name]).permute(2, 0, 1)[None]
+               .float().div(255.0).contiguous() for name in policy.camera_names}
+    state = policy.preprocessor.state_normalizer.normalize(np.asarray(obs["state"], np.float32)[None])
+    tensors["batch.observation.state"] = torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32))
+    tensors["batch.observation.language.tokens"] = inputs.tokens
+    tensors["batch.observation.language.attention_mask"] = inputs.token_mask
+    tensors["noise"] = torch.from_numpy(noise)
+    save_file(tensors, str(path))
+    return inputs
+
+
+class StepTimer:
+    """Times each denoising step by wrapping the runtime's velocity function (a device sync per step)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.samples: list[float] = []
+        runtime = policy.runtime
+        inner = runtime.velocity_fn
+
+        def timed(ctx):
+            fn = inner(ctx)
+
+            def velocity(x, k):
+                t0 = time.perf_counter()
+                v = fn(x, k)
+                sync(runtime.device)
+                self.samples.append(time.perf_counter() - t0)
+                return v
+            return velocity
+        runtime.velocity_fn = timed
+
+
+def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dict[str, float]:
+    """Matmul FLOPs of one prefix pass and one denoising step (attention counted through the eager backend)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, runtime = policy.model, policy.runtime
+    backend = getattr(model, "backend", None)
+    if backend is not None:
+        model.backend = "eager"
+    try:
+        with torch.inference_mode():
+            cache = VLAPrefixCache()
+            with FlopCounterMode(display=False) as prefix:
+                ctx = model.encode_prefix(inputs, cache)
+            cache.freeze(model.num_cache_layers)
+            with FlopCounterMode(display=False) as step:
+                model.velocity(noise, runtime.time_cond[0], ctx)
+    finally:
+        if backend is not None:
+            model.backend = backend
+    return {"prefix": float(prefix.get_total_flops()), "step": float(step.get_total_flops())}
+
+
+def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters: int,
+                stages: dict) -> dict:
+    """Cached vs naive (prefix recomputed every step), alternating; measured and theoretical ratios."""
+    rt, n = policy.runtime, policy.num_steps
+    cached, naive = [], []
+    a = b = None
+    for i in range(iters):
+        t0 = time.perf_counter()
+        a = rt.sample(inputs, noise)
+        sync(rt.device)
+        t1 = time.perf_counter()
+        b = rt.sample_naive(inputs, noise)
+        sync(rt.device)
+        t2 = time.perf_counter()
+        cached.append(t1 - t0)
+        naive.append(t2 - t1)
+        progress(f"naive {i + 1}/{iters}: cached {1e3 * (t1 - t0):.1f} ms, naive {1e3 * (t2 - t1):.1f} ms")
+    flops = count_flops(policy, inputs, noise)
+    p, s = flops["prefix"], flops["step"]
+    tp, ts = stages["prefix"]["median_ms"], stages["denoise_step"]["median_ms"]
+    return {
+        "iters": iters, "cached": summarize(cached), "naive": summarize(naive),
+        "ratio": float(np.median(naive) / np.median(cached)),
+        "theoretical_ratio": n * (p + s) / (p + n * s),
+        "expected_ratio_from_stage_medians": n * (tp + ts) / (tp + n * ts),
+        "gflops": {"prefix": p / 1e9, "step": s / 1e9},
+        "max_abs_diff": float((a - b).abs().max()),
+    }
+
+
+def run(args: argparse.Namespace, folder: Path, work: Path) -> dict:
+    peak_since_load = reset_peak_rss()
+    policy = load_policy(folder, device=args.device, dtype=args.dtype)
+    policy.runtime.cuda_graphs = args.cuda_graphs
+    frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
+    frame = frame or policy.preprocessor.image_size
+    obs, noise_np = make_observation(policy, frame, args.seed)
+    inputs_path = work / "inputs.safetensors"
+    inputs = worker_inputs(policy, obs, noise_np, inputs_path).to(policy.device, policy.dtype)
+    noise = torch.from_numpy(noise_np)
+    cuda = policy.device.type == "cuda"
+
+    lerobot: dict = {"available": False}
+    worker: Optional[LeRobotWorker] = None
+    if args.no_lerobot:
+        lerobot["reason"] = "disabled (--no-lerobot)"
+    elif not LEROBOT_PYTHON.exists():
+        lerobot["reason"] = f"{LEROBOT_PYTHON} not found; make it with `make lerobot-env` (see BENCHMARKS.md)"
+    elif cuda:
+        lerobot["reason"] = "the LeRobot comparison runs on the CPU only"
+    else:
+        progress("starting the LeRobot worker")
+        try:
+            worker = LeRobotWorker(folder, inputs_path, args.threads or torch.get_num_threads(),
+                                   work / "lerobot_worker.log")
+            lerobot.update(available=True, torch=worker.info["torch"], load_s=worker.info["load_s"],
+                           not_in_checkpoint=worker.info["not_in_checkpoint"])
+        except (RuntimeError, OSError, json.JSONDecodeError) as exc:
+            lerobot["reason"] = f"worker failed: {exc}"
+
+    try:
+        if worker is not None:
+            theirs = load_file(str(Path(worker.request(f"actions {work / 'lerobot_actions.safetensors'}")["saved"])))
+            ours = policy.runtime.sample(inputs, noise)[..., :policy.action_dim].float().cpu()
+            lerobot["max_abs_diff"] = float((ours - theirs["actions"]).abs().max())
+            lerobot["max_abs_action"] = float(theirs["actions"].abs().max())
+
+        for i in range(args.warmup):
+            policy.predict_action_chunk(obs, noise=noise_np)
+            if worker is not None:
+                worker.request("run")
+            progress(f"warm-up {i + 1}/{args.warmup}")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(policy.device)
+        steps = StepTimer(policy)
+        samples: dict[str, list[float]] = {s: [] for s in STAGES if s != "denoise_step"}
+        theirs_s: list[float] = []
+        rss_start, peak_load = rss_mib(), peak_rss_mib()
+        reset_peak_rss()
+        for i in range(args.iters):
+            policy.predict_action_chunk(obs, noise=noise_np)
+            for stage in samples:
+                samples[stage].append(policy.stats.timings[stage][-1])
+            msg = f"iter {i + 1}/{args.iters}: total {1e3 * samples['total'][-1]:.1f} ms"
+            if worker is not None:
+                reply = worker.request("run")
+                theirs_s.append(reply["seconds"])
+                lerobot["peak_rss_mib"] = reply["peak_rss_mib"]
+                msg += f", LeRobot {1e3 * reply['seconds']:.1f} ms"
+            progress(msg)
+        rss_end, peak_run = rss_mib(), peak_rss_mib()
+        stages = {s: summarize(v) for s, v in samples.items()}
+        stages["denoise_step"] = summarize(steps.samples) if steps.samples else {
+            **{k: v / policy.num_steps for k, v in stages["denoise"].items() if k != "n"}, "n": 0}
+        if theirs_s:
+            ours_total = np.asarray(samples["total"])
+            pairs = np.asarray(theirs_s) / ours_total
+            lerobot.update(**summarize(theirs_s), speedup=float(np.median(pairs)),
+                           speedup_of_medians=float(np.median(theirs_s) / np.median(ours_total)))
+        naive = naive_ratio(policy, inputs, noise, args.naive_iters, stages) if args.naive_iters else None
+    finally:
+        if worker is not None:
+            worker.close()
+
+    memory = {"peak_rss_load_mib": peak_load, "peak_rss_mib": peak_run if peak_since_load else peak_rss_mib(),
+              "peak_counted_from": "timed run" if peak_since_load else "process start",
+              "rss_start_mib": rss_start, "rss_end_mib": rss_end,
+              "cuda_peak_mib": torch.cuda.max_memory_allocated(policy.device) / 2**20 if cuda else None}
+    model = policy.model
+    prefix_tokens = policy.runtime.cache.seq_length()
+    return {
+        "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
+                   "device": str(policy.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+                   "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "iters": args.iters,
+                   "warmup": args.warmup, "num_steps": policy.num_steps, "chunk_size": policy.chunk_size,
+                   "prefix_tokens": prefix_tokens,
+                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                   "camera_frame_hw": list(frame)},
+        "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(policy.device) if cuda else None},
+        "stages": stages, "memory": memory, "naive": naive, "lerobot": lerobot,
+    }
+
+
+def run_dds(args: argparse.Namespace, folder: Path) -> dict:
+    """The node over DDS; its ROS overhead against the target (5% of the policy time + 2 ms)."""
+    from vla_policy_node.bench import dds
+
+    config = json.loads((folder / "config.json").read_text())
+    cameras = [k for k, v in config["input_features"].items() if v.get("type") == "VISUAL"]
+    frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
+    frame = frame or tuple(config["input_features"][cameras[0]]["shape"][1:])
+    r = dds.measure(folder, cameras, frame, args.dtype, args.threads, args.control_rate, args.iters, args.warmup,
+                    progress)
+    if r.get("available") and r["latencies_s"]:
+        r["frame_to_command"] = summarize(r.pop("latencies_s"))
+        policy_ms = r["node_total_p50_ms"]
+        r["ros_overhead_ms"] = r["frame_to_command"]["median_ms"] - policy_ms
+        r["target_ms"] = 0.05 * policy_ms + 2.0
+    return {"config": {"name": str(args.checkpoint or args.config), "cameras": len(cameras), "dtype": args.dtype,
+                       "threads": args.threads, "iters": args.iters, "camera_frame_hw": list(frame)},
+            "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count()}, "dds": r}
+
+
+def dds_table(result: dict) -> str:
+    c, r = result["config"], result["dds"]
+    head = f"vla-policy-bench --dds: {c['name']}, {c['cameras']} camera(s) {c['camera_frame_hw']}, {c['dtype']}"
+    if "frame_to_command" not in r:
+        return f"{head}\nnot measured: {r.get('reason', 'no command received')}"
+    f = r["frame_to_command"]
+    return (f"{head}, node at {r['control_rate_hz']:.0f} Hz, ROS_DOMAIN_ID {r['domain_id']}, localhost only\n"
+            f"frame -> command: median {f['median_ms']:.1f} ms, p95 {f['p95_ms']:.1f} ms, "
+            f"max {f['max_ms']:.1f} ms ({f['n']} episodes; {r['frames_without_command_within_a_period']} "
+            f"camera periods passed with no command)\n"
+            f"node observation -> chunk p50 {r['node_total_p50_ms']:.1f} ms; "
+            f"ROS overhead {r['ros_overhead_ms']:.1f} ms "
+            f"(target < {r['target_ms']:.1f} ms = 5% of the policy time + 2 ms)")
+
+
+def table(result: dict) -> str:
+    c, m, s = result["config"], result["memory"], result["stages"]
+    lines = [f"vla-policy-bench: {c['name']} ({c['family']}, {c['params_m']:.1f} M params), {c['cameras']} camera(s), "
+             f"{c['device']} {c['dtype']}, {c['threads']} threads, {c['prefix_tokens']} prefix tokens, "
+             f"{c['num_steps']} steps, chunk {c['chunk_size']}, {c['iters']} iterations after {c['warmup']} warm-up",
+             f"{'stage':<22}{'median ms':>12}{'p95 ms':>12}{'max ms':>12}"]
+    names = {"denoise_step": "denoise step (each)", "denoise": f"denoise ({c['num_steps']} steps)"}
+    for stage in STAGES:
+        st = s[stage]
+        lines.append(f"{names.get(stage, stage):<22}{st['median_ms']:>12.2f}{st['p95_ms']:>12.2f}{st['max_ms']:>12.2f}")
+    mem = (f"peak RSS {m['peak_rss_mib']:.0f} MiB over the {m['peak_counted_from']} (RSS {m['rss_start_mib']:.0f} -> "
+           f"{m['rss_end_mib']:.0f} MiB; {m['peak_rss_load_mib']:.0f} MiB while loading, mapped weights file included)")
+    if m["cuda_peak_mib"] is not None:
+        mem += f", CUDA peak {m['cuda_peak_mib']:.0f} MiB"
+    lines.append(mem)
+    n = result["naive"]
+    if n:
+        lines.append(f"naive path (prefix every step): {n['naive']['median_ms']:.1f} ms vs cached "
+                     f"{n['cached']['median_ms']:.1f} ms -> ratio {n['ratio']:.2f} "
+                     f"(theoretical {n['theoretical_ratio']:.2f} "
+                     f"from FLOPs, {n['expected_ratio_from_stage_medians']:.2f} from stage medians); "
+                     f"max |diff| {n['max_abs_diff']:.1e}")
+    lr = result["lerobot"]
+    if lr.get("available") and "speedup" in lr:
+        lines.append(f"LeRobot {lr['torch']} predict_action_chunk (float32): median {lr['median_ms']:.1f} ms, "
+                     f"p95 {lr['p95_ms']:.1f} ms -> ours is {lr['speedup']:.2f}x faster (paired median; "
+                     f"{lr['speedup_of_medians']:.2f}x of medians); max |action diff| {lr['max_abs_diff']:.1e}, "
+                     f"peak RSS {lr['peak_rss_mib']:.0f} MiB")
+    else:
+        lines.append(f"LeRobot: not measured: {lr.get('reason', 'no iterations')}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vla-policy-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", nargs="?", default="tiny", choices=sorted(checkpoints.CONFIGS),
+                   help="random-weight configuration at real dimensions (ignored with --checkpoint)")
+    p.add_argument("--checkpoint", type=Path, help="benchmark this LeRobot checkpoint folder instead")
+    p.add_argument("--cameras", type=int, default=1, help="1..3 (named configurations)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--naive-iters", type=int, default=3, help="cached/naive pairs (0 skips the naive ratio)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the prefix pass and the denoising loop as CUDA graphs (CUDA only)")
+    p.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot comparison")
+    p.add_argument("--dds", action="store_true",
+                   help="measure the installed node over DDS on localhost instead: frame published -> command received")
+    p.add_argument("--control-rate", type=float, default=500.0, help="--dds: the node's control_rate_hz")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write every figure to this file")
+    args = p.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0 or args.naive_iters < 0:
+        p.error("--iters must be >= 1, --warmup and --naive-iters >= 0")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="vla-policy-bench-") as tmp:
+        work = Path(tmp)
+        if args.checkpoint:
+            folder = args.checkpoint.resolve()
+        else:
+            progress(f"writing a random-weight {args.config} checkpoint ({args.cameras} camera(s))")
+            folder = checkpoints.save_random_checkpoint(work / "checkpoint", args.config, args.cameras, args.seed)
+        result = run_dds(args, folder) if args.dds else run(args, folder, work)
+    print(dds_table(result) if args.dds else table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
