@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import rclpy
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_harness import DEFAULT_CONFIG, ros_env
 from sensor_msgs.msg import JointState
@@ -56,7 +56,7 @@ def running(monkeypatch):
     rclpy.init(context=context, domain_id=domain_id)
     node = node_module.VlaPolicyNode(
         context=context, cli_args=['--ros-args', '--params-file', str(DEFAULT_CONFIG)])
-    executor = MultiThreadedExecutor(num_threads=4, context=context)
+    executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
