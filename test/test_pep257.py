@@ -1,4 +1,4 @@
-"""ament_pep257 over the package's ROS layer and the files written to its conventions."""
+"""ament_pep257 (the ROS 2 docstring conventions) over the package, its tests and its launch file."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ from ament_pep257.main import main
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ['vla_policy_node/ros', 'vla_policy_node/core/safety.py', 'launch', 'setup.py']
+PATHS = ['vla_policy_node', 'launch', 'setup.py', 'test']
 
 
 @pytest.mark.linter

@@ -1,4 +1,5 @@
-"""Random-weight checkpoints at real dimensions, saved exactly as LeRobot saves them.
+"""
+Random-weight checkpoints at real dimensions, saved exactly as LeRobot saves them.
 
 The bench builds a model, draws its weights, and writes a LeRobot checkpoint
 folder (``config.json`` + ``model.safetensors`` in LeRobot key names + pre/post

@@ -1,4 +1,5 @@
-"""``vla-policy-bench``: observation-to-chunk latency, per stage, against the naive path and LeRobot.
+"""
+``vla-policy-bench``: observation-to-chunk latency, per stage, against the naive path and LeRobot.
 
 One run measures, after warm-up and on the same weights and inputs:
 - per stage (preprocessing, prefix pass, each denoising step, post-processing,

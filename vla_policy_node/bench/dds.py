@@ -1,4 +1,5 @@
-"""``vla-policy-bench --dds``: the installed node over DDS on localhost, frame published -> command received.
+"""
+``vla-policy-bench --dds``: the installed node over DDS on localhost, frame published -> command received.
 
 The node runs as a subprocess on the bench's checkpoint (its own ROS_DOMAIN_ID,
 discovery limited to localhost) at ``--control-rate`` Hz (a new chunk's first

@@ -1,4 +1,5 @@
-"""Jerk at chunk boundaries, per blend mode, in a deterministic simulation.
+"""
+Jerk at chunk boundaries, per blend mode, in a deterministic simulation.
 
 A real policy's consecutive chunks disagree a little (offset, drift), so switching
 chunks puts a kink in the command stream; this measures how much each blend mode
@@ -69,7 +70,8 @@ def reference(steps: np.ndarray, rate_hz: float, action_dim: int) -> np.ndarray:
 
 
 class GaussianChunkPolicy:
-    """Flow-matching sampler whose normalized actions per joint are N(mean (H,), B B^T + eps I).
+    """
+    Flow-matching sampler whose normalized actions per joint are N(mean (H,), B B^T + eps I).
 
     With x_t = t z + (1 - t) a, the exact velocity is v = (x_t - E[a | x_t]) / t and
     E[a | x_t] = mean + G_t (x_t - (1 - t) mean), G_t = (1-t) S ((1-t)^2 S + t^2 I)^-1.

@@ -1,4 +1,5 @@
-"""LeRobot 0.4.4's own ``predict_action_chunk``, driven by ``vla-policy-bench`` over a pipe.
+"""
+LeRobot 0.4.4's own ``predict_action_chunk``, driven by ``vla-policy-bench`` over a pipe.
 
 Runs with ``.venv-lerobot/bin/python`` (LeRobot pins its own torch), inside the
 checkpoint folder (LeRobot resolves ``vlm_model_name`` against the working

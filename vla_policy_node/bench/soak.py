@@ -1,4 +1,5 @@
-"""Soak test: 10,000 real-time control steps of the tiny policy against a simulated robot.
+"""
+Soak test: 10,000 real-time control steps of the tiny policy against a simulated robot.
 
 It runs the node's control path without ROS: the policy on the node's inference thread
 (``ros.worker.InferenceWorker``, which imports no rclpy), ``core.chunking.ChunkScheduler``

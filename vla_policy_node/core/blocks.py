@@ -1,4 +1,5 @@
-"""Transformer building blocks shared by every family: norms, MLP, attention, decoder layer.
+"""
+Transformer building blocks shared by every family: norms, MLP, attention, decoder layer.
 
 Parameter names follow the Hugging Face / LeRobot checkpoints (``self_attn.q_proj``,
 ``mlp.gate_proj``, ``input_layernorm``) so weights load by name.
@@ -44,7 +45,8 @@ class RMSNorm(nn.Module):
 
 
 class AdaRMSNorm(nn.Module):
-    """Adaptive RMSNorm (pi0.5 expert): scale, shift and a residual gate from a condition vector.
+    """
+    Adaptive RMSNorm (pi0.5 expert): scale, shift and a residual gate from a condition vector.
 
     ``dense`` maps cond (B, C) to (B, 3*dim) = [scale, shift, gate]; the norm
     returns ``x_hat * (1 + scale) + shift`` and the gate for the residual.
@@ -207,7 +209,8 @@ def make_norm(spec: DecoderSpec, dim: Optional[int] = None) -> nn.Module:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm decoder layer whose self-attention goes through the prefix cache.
+    """
+    Pre-norm decoder layer whose self-attention goes through the prefix cache.
 
     While the cache fills (prefix pass), ``cache.update`` stores this layer's
     K/V; once frozen (denoising), it returns [prefix; suffix] K/V, so the same
@@ -246,7 +249,8 @@ def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
 
 
 def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """Sin/cos embedding of flow time t (N,) -> (N, dim), float32.
+    """
+    Sin/cos embedding of flow time t (N,) -> (N, dim), float32.
 
     Computed in float64 from the float32 t, as LeRobot does; float32 angles
     cost up to 1e-4 in the actions for small ``min_period``.

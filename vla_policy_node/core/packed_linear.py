@@ -1,4 +1,5 @@
-"""CPU matmuls through oneDNN with weights packed once, instead of MKL's sgemm per call.
+"""
+CPU matmuls through oneDNN with weights packed once, instead of MKL's sgemm per call.
 
 On the AVX-512 CPU of BENCHMARKS.md, torch's float32 ``F.linear`` (MKL) reaches
 about 190 GFLOP/s on two cores; oneDNN with pre-packed (reordered) weights

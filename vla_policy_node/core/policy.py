@@ -63,7 +63,8 @@ class Policy:
 
     def predict_action_chunk(self, observation: Mapping, noise: Optional[np.ndarray] = None,
                              rtc: Optional[RTCGuidance] = None) -> np.ndarray:
-        """Observation -> un-normalized actions (B, chunk_size, action_dim), float32.
+        """
+        Observation -> un-normalized actions (B, chunk_size, action_dim), float32.
 
         ``noise`` (B, chunk_size, max_action_dim) makes the result deterministic.
         ``rtc`` (real-time chunking) guides the first actions toward the committed
@@ -102,7 +103,8 @@ class Policy:
         self.runtime.reset()
 
     def warmup(self, observation: Mapping, iterations: int = 2) -> None:
-        """Run inference on a representative observation before the node reports ready.
+        """
+        Run inference on a representative observation before the node reports ready.
 
         The first calls pay for allocator growth, kernel selection and (on CUDA) graph
         capture; they are not control steps, so the counters and latencies start afresh.

@@ -120,6 +120,9 @@ class VlaPolicyNode(Node):
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode)
         self._control_timer = self.create_timer(
             1.0 / settings.control_rate_hz, self._on_control_tick)
+        # Set by the inference thread when a chunk ends a hold: the executor then commands at
+        # once and re-phases the timer, instead of leaving the robot still until the next tick.
+        self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
         self.create_timer(settings.diagnostics_period, self._on_diagnostics_tick)
         for topic, name in zip(settings.camera_topics, settings.camera_names):
             self.create_subscription(
@@ -151,10 +154,14 @@ class VlaPolicyNode(Node):
             return
         with self._lock:
             stamp = stamp_seconds(msg.header.stamp) if self._settings.use_header_stamps else None
+            now = self._now()
             problem = self._inputs.set_image(
-                camera, rgb, self._now(), stamp, self._settings.max_observation_age)
+                camera, rgb, now, stamp, self._settings.max_observation_age)
             if problem is not None:
                 self._mark_rejected(camera, problem)
+            elif not self._stopped and self._inputs.problem(
+                    now, self._settings.max_observation_age) is None:
+                self._request_chunk(now)        # start on the fresh frame, not at the next tick
         if problem is not None:
             self._log_limited(camera, f'rejected {camera} input: {problem}; holding')
 
@@ -310,10 +317,16 @@ class VlaPolicyNode(Node):
         try:
             if self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at):
                 self._policy_fault = None
+                if self._hold_reason is not None:
+                    self._chunk_ready.trigger()
         except ValueError as rejected:
             self._counters['rejected_chunks'] += 1
             return str(rejected)
         return None
+
+    def _on_chunk_ready(self) -> None:
+        self._control_timer.reset()
+        self._on_control_tick()
 
     # ------------------------------------------------------------------ episodes
     def _on_reset_episode(self, request: Trigger.Request,
