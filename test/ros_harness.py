@@ -21,12 +21,12 @@ _domain_ids = itertools.count(int(os.environ.get('VLA_TEST_DOMAIN_BASE', '80')))
 
 
 def next_domain_id() -> int:
-    """A ROS_DOMAIN_ID no other test of this run uses (80, 81, ... by default)."""
+    """Return a ROS_DOMAIN_ID no other test of this run uses (80, 81, ... by default)."""
     return next(_domain_ids)
 
 
 def ros_env(domain_id: int) -> dict[str, str]:
-    """The environment of a node process: loopback-only discovery on its own domain."""
+    """Build the environment of a node process: loopback-only discovery on its own domain."""
     env = dict(os.environ)
     env.update(ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1',
                ROS_DOMAIN_ID=str(domain_id), PYTHONUNBUFFERED='1',
@@ -35,7 +35,7 @@ def ros_env(domain_id: int) -> dict[str, str]:
 
 
 def installed_executable(name: str = 'vla_policy_node') -> Path:
-    """The console script pip (make install) put next to this interpreter."""
+    """Return the console script pip (make install) put next to this interpreter."""
     path = Path(sys.executable).parent / name
     assert path.exists(), f'{path} is not installed: run `make install` (pip install -e .)'
     return path

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"reference fixture
 
 @pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
-    """A writable copy of the fixture's small files (never committed into the repository)."""
+    """Make a writable copy of the fixture's small files (never committed into the repository)."""
     folder = tmp_path / "ckpt"
     (folder / "tiny_smolvlm").mkdir(parents=True)
     for name in FILES:

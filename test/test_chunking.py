@@ -24,7 +24,7 @@ def reference(steps: np.ndarray) -> np.ndarray:
 
 
 def exact_policy(request: ChunkRequest, length: int = 16) -> np.ndarray:
-    """A policy that knows the reference: action j is reference(step + j)."""
+    """Act as a policy that knows the reference: action j is reference(step + j)."""
     return reference(request.step + np.arange(length))
 
 
@@ -67,7 +67,7 @@ def simulate(
 
 
 def published(commands: list) -> np.ndarray:
-    """What the node publishes: hold the last command while starved (after the first one)."""
+    """Return what the node publishes: hold the last command while starved (after the first one)."""
     first = next(i for i, c in enumerate(commands) if c is not None)
     held, last = [], commands[first]
     for c in commands[first:]:

@@ -36,7 +36,7 @@ def inputs_and_noise(policy, seed=0):
 
 
 def reference_rope(x, positions, head_dim, base):
-    """The textbook split-half rotation, slice by slice."""
+    """Apply the textbook split-half rotation, slice by slice."""
     half = head_dim // 2
     inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     ang = positions.float()[..., None] * inv
@@ -91,7 +91,7 @@ def test_fused_projections_equal_unfused_and_keep_the_state_dict():
 
 
 def plain_tiny_model(policy):
-    """The tiny policy's model rebuilt from its seed: no fused projections, no packed weights."""
+    """Rebuild the tiny policy's model from its seed: no fused projections, no packed weights."""
     cfg = tiny_smolvla_config(("front", "wrist"), 6, 6, policy.chunk_size, policy.num_steps)
     model = SmolVLA(cfg)
     init_weights(model, torch.Generator().manual_seed(0))
@@ -113,7 +113,7 @@ def test_fast_policy_equals_plain_model(policy, pack_all, monkeypatch):
 
 
 def test_packed_linear_matches_float64():
-    """oneDNN's packed float32 matmul is as accurate as MKL's (both against float64), and grads still flow."""
+    """Check oneDNN's packed float32 matmul is as accurate as MKL's (both against float64), and grads still flow."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 96)
     x = torch.randn(3, 50, 1024)

@@ -108,12 +108,12 @@ class RobotProbe:
                     self.inputs_status[name] = values
 
     def counter(self, key: str) -> int:
-        """A counter from the node's latest /diagnostics (-1 before any)."""
+        """Return a counter from the node's latest /diagnostics (-1 before any)."""
         with self._lock:
             return int(self.policy_status.get(key, -1))
 
     def state(self) -> str:
-        """The node's state string from its latest /diagnostics."""
+        """Return the node's state string from its latest /diagnostics."""
         with self._lock:
             return self.policy_status.get('state', '')
 
@@ -146,7 +146,7 @@ def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
 
 @pytest.fixture(scope='module')
 def system():
-    """The installed node (default.yaml) and a probe on a domain of their own."""
+    """Start the installed node (default.yaml) and a probe on a domain of their own."""
     domain_id = next_domain_id()
     node = NodeProcess([DEFAULT_CONFIG], domain_id)
     probe = None

@@ -122,7 +122,7 @@ def test_padded_pixels_are_minus_three():
 
 
 def test_openpi_key_layout_loads_the_same_weights(reference_dir, tmp_path):
-    """openpi's ``save_model``: no ``model.`` root, embedding stored instead of the tied LM head."""
+    """Load openpi's ``save_model`` layout: no ``model.`` root, embedding stored instead of the tied LM head."""
     folder = reference_dir("pi0")
     lerobot = load_pi0(folder)
     tensors = load_file(folder / "model.safetensors")
@@ -169,8 +169,11 @@ def test_bfloat16_keeps_sensitive_parts_float32(reference_dir):
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_gemma_layer_matches_transformers(backend):
     """
-    One Gemma layer: prefix pass filling the cache, then a suffix reading it frozen,
-    equals transformers' layer over [prefix; suffix] with the suffix hidden from the prefix."""
+    Match one Gemma layer against transformers'.
+
+    A prefix pass filling the cache, then a suffix reading it frozen, equals
+    transformers' layer over [prefix; suffix] with the suffix hidden from the prefix.
+    """
     modeling_gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
     from transformers import GemmaConfig
     torch.manual_seed(0)

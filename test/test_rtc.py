@@ -13,7 +13,7 @@ H, A, STEPS = 8, 3, 10
 
 
 def euler(velocity_fn, noise: torch.Tensor, num_steps: int = STEPS) -> torch.Tensor:
-    """The openpi loop: t from 1 to 0, dt = -1/num_steps."""
+    """Integrate with the openpi loop: t from 1 to 0, dt = -1/num_steps."""
     x = noise
     for k in range(num_steps):
         x = x + (-1.0 / num_steps) * velocity_fn(x, k)

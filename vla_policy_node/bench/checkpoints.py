@@ -79,7 +79,7 @@ def lerobot_config(name: str, cameras: int) -> tuple[dict, dict]:
 
 
 def to_lerobot_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Module keys -> LeRobot checkpoint keys (the inverse of ``smolvla.key_rules``), round-trip checked."""
+    """Map module keys -> LeRobot checkpoint keys (the inverse of ``smolvla.key_rules``), round-trip checked."""
     rules = [(src, dst) for src, dst in smolvla.key_rules() if dst is not None]
     forward = prefix_key_map(smolvla.key_rules())
     out = {}
@@ -92,7 +92,7 @@ def to_lerobot_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def write_vlm_folder(folder: Path, vlm: dict, image_seq_len: int) -> None:
-    """A SmolVLM config + byte-level tokenizer + processor files: what ``AutoProcessor`` reads offline."""
+    """Write a SmolVLM config + byte-level tokenizer + processor files: what ``AutoProcessor`` reads offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ def write_vlm_folder(folder: Path, vlm: dict, image_seq_len: int) -> None:
 
 
 def write_processors(folder: Path, tokenizer_name: str, max_length: int, padding: str) -> None:
-    """LeRobot pre/post-processor files with identity statistics (mean 0, std 1)."""
+    """Write LeRobot pre/post-processor files with identity statistics (mean 0, std 1)."""
     stats = {"mean": np.zeros(STATE_DIM, np.float32), "std": np.ones(STATE_DIM, np.float32)}
     norm_map = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
     pre_file = "policy_preprocessor_step_5_normalizer_processor.safetensors"

@@ -193,7 +193,7 @@ def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dic
 
 def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters: int,
                 stages: dict) -> dict:
-    """Cached vs naive (prefix recomputed every step), alternating; measured and theoretical ratios."""
+    """Time cached vs naive (prefix recomputed every step), alternating; measured and theoretical ratios."""
     rt, n = policy.runtime, policy.num_steps
     cached, naive = [], []
     a = b = None
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path) -> dict:
 
 
 def run_dds(args: argparse.Namespace, folder: Path) -> dict:
-    """The node over DDS; its ROS overhead against the target (5% of the policy time + 2 ms)."""
+    """Run the node over DDS; measure its ROS overhead against the target (5% of the policy time + 2 ms)."""
     from vla_policy_node.bench import dds
 
     config = json.loads((folder / "config.json").read_text())

@@ -247,9 +247,12 @@ class ChunkScheduler:
 
     def peek(self, n: int = 0) -> np.ndarray:
         """
-        Planned actions (K, A) for the next steps, the next one first, as ``next_action``
-        would return them if no chunk arrived meanwhile; at most ``n`` (0: all). Changes
-        nothing (no tick is measured, no step consumed). K is 0 when nothing is planned."""
+        Return the planned actions (K, A) for the next steps, the next one first.
+
+        As ``next_action`` would return them if no chunk arrived meanwhile; at most
+        ``n`` (0: all). Changes nothing (no tick is measured, no step consumed).
+        K is 0 when nothing is planned.
+        """
         count = self.actions_left if n <= 0 else min(n, self.actions_left)
         rows = []
         for k in range(self._step, self._step + count):
@@ -262,7 +265,7 @@ class ChunkScheduler:
         return np.zeros((0, self._chunks[0][1].shape[1] if self._chunks else 0))
 
     def _action_at(self, k: int) -> np.ndarray | None:
-        """The (blended) action planned for step ``k``, a copy; None if no chunk covers it."""
+        """Return the (blended) action planned for step ``k``, a copy; None if no chunk covers it."""
         covering = [a[k - s] for s, a in self._chunks if s <= k < s + len(a)]
         if not covering:
             return None

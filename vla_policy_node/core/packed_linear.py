@@ -39,7 +39,7 @@ def pack(weight: Tensor) -> Optional[Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[Tensor]) -> Tensor:
-    """``F.linear(x, weight, bias)``, through the packed weight when there is one and no autograd is needed."""
+    """Compute ``F.linear``, through the packed weight when there is one and no autograd is needed."""
     if packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -115,7 +115,7 @@ class Policy:
         self.stats.clear()
 
     def dummy_observation(self) -> dict:
-        """A valid observation of this policy's shapes (grey frames, zero state)."""
+        """Build a valid observation of this policy's shapes (grey frames, zero state)."""
         h, w = self.preprocessor.image_size
         return {"images": {n: np.full((h, w, 3), 127, np.uint8) for n in self.camera_names},
                 "state": np.zeros(self.state_dim, np.float32), "task": "warm up"}

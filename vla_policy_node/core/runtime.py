@@ -113,7 +113,7 @@ class PolicyRuntime:
     def sample(self, inputs: ModelInputs, noise: Tensor,
                guide: Optional[Callable[[VelocityFn], VelocityFn]] = None) -> Tensor:
         """
-        Normalized actions (B, chunk, max_action_dim), float32.
+        Sample normalized actions (B, chunk, max_action_dim), float32.
 
         ``guide`` wraps the velocity function (real-time chunking); guided
         sampling needs autograd, so it runs under ``no_grad`` with local
@@ -136,7 +136,7 @@ class PolicyRuntime:
         return actions
 
     def sample_naive(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
-        """Reference path that recomputes the prefix at every denoising step (benchmarks, tests)."""
+        """Sample by the reference path that recomputes the prefix at every denoising step (benchmarks, tests)."""
         self._check_noise(noise, inputs.batch_size)
         with torch.inference_mode():
             def velocity(x_t: Tensor, k: int) -> Tensor:

@@ -62,7 +62,7 @@ class GemmaDims:
                 raise ValueError(f"GemmaDims.{name} must be > 0, got {value}")
 
     def spec(self, adaptive_norm: bool = False) -> DecoderSpec:
-        """Describe the Gemma decoder: (1 + w) RMSNorm, GeGLU-tanh MLP; adaRMS conditioned on a width-sized vector if asked."""
+        """Describe the Gemma decoder: (1 + w) RMSNorm, GeGLU-tanh MLP; adaRMS on a width-sized vector if asked."""
         return DecoderSpec(width=self.width, num_layers=self.depth, num_heads=self.num_heads,
                            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, mlp_width=self.mlp_dim,
                            act="gelu_tanh", norm_eps=GEMMA_NORM_EPS, norm_offset=1.0,
