@@ -272,3 +272,17 @@ def test_signal_while_still_importing_exits_zero(signum):
     finally:
         if node.poll() is None:
             node.kill()
+
+
+def test_checkpoint_outside_checkpoint_root_is_refused(tmp_path, reference_dir):
+    """The node loads nothing from outside ``checkpoint_root`` and says why."""
+    folder = reference_dir('smolvla')
+    path = tmp_path / 'root.yaml'
+    path.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n'
+                    f'    checkpoint_root: "{tmp_path}"\n')
+    node = NodeProcess([DEFAULT_CONFIG, path], next(DOMAINS))
+    try:
+        assert node.wait(timeout=60.0) == 1, node.output
+        assert 'cannot start' in node.output and 'outside the allowed roots' in node.output, node.output
+    finally:
+        node.kill()

@@ -32,9 +32,25 @@ CAMERA_HZ = 30.0
 JOINTS = [f"joint{i}" for i in range(6)]
 
 
+def shm_profile() -> Path:
+    """Locate ``config/fastdds_shm.xml`` (source tree, else the installed share folder)."""
+    source = Path(__file__).resolve().parents[2] / "config" / "fastdds_shm.xml"
+    if source.is_file():
+        return source
+    from ament_index_python.packages import get_package_share_directory
+    return Path(get_package_share_directory("vla_policy_node")) / "config" / "fastdds_shm.xml"
+
+
 def ros_env() -> dict[str, str]:
+    """
+    Return the environment of the bench's DDS processes: loopback only, shared memory for frames.
+
+    Full-size camera frames do not fit Fast DDS's default 512 KiB shared-memory segment and
+    are lost as best-effort UDP fragments; the project's profile carries them (see README).
+    """
     return {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_LOCALHOST_ONLY": "1",
-            "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"}
+            "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1",
+            "FASTDDS_DEFAULT_PROFILES_FILE": str(shm_profile())}
 
 
 def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: str, threads: int,
@@ -53,7 +69,7 @@ def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: s
 def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int], dtype: str, threads: int,
             rate_hz: float, iters: int, warmup: int, progress) -> dict:
     """Frame-to-command latency of the installed node (seconds summarized by the caller)."""
-    os.environ.update({k: v for k, v in ros_env().items() if k.startswith("ROS_")})
+    os.environ.update({k: v for k, v in ros_env().items() if k.startswith(("ROS_", "FASTDDS_"))})
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import SingleThreadedExecutor

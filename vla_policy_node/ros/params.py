@@ -93,6 +93,8 @@ def _type_name(kind: Parameter.Type) -> str:
 PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty runs the tiny random model '
               '(random weights: for plumbing and timing only).'),
+    ParamSpec('checkpoint_root', '', 'Folder the checkpoint must lie in (resolved, symlinks '
+              'followed); empty allows any folder.'),
     ParamSpec('device', 'auto', 'Torch device: auto, cpu, cuda or cuda:N. CUDA falls back to '
               'the CPU, with a log line, where no GPU exists.'),
     ParamSpec('dtype', 'float32', 'Weights and activation dtype.', choices=DTYPES),
@@ -183,6 +185,7 @@ class NodeSettings:
     """Validated parameter values, the only form in which the node reads its configuration."""
 
     checkpoint: str
+    checkpoint_root: str
     device: str
     dtype: str
     num_threads: int
@@ -271,6 +274,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         raise ParameterError(f'invalid limits: {error}') from error
     return NodeSettings(
         checkpoint=values['checkpoint'],
+        checkpoint_root=values['checkpoint_root'],
         device=values['device'],
         dtype=values['dtype'],
         num_threads=values['num_threads'],

@@ -45,7 +45,9 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     joints = len(settings.joint_names)
     try:
         if settings.checkpoint:
-            policy = load_policy(settings.checkpoint, device=device, dtype=settings.dtype)
+            roots = (settings.checkpoint_root,) if settings.checkpoint_root else ()
+            policy = load_policy(settings.checkpoint, device=device, dtype=settings.dtype,
+                                 allowed_roots=roots)
         else:
             policy = build_tiny_policy(
                 camera_names=cameras, state_dim=joints, action_dim=joints,
