@@ -29,7 +29,7 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     share = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'vla_policy_node'
     for name in ('package.xml', 'launch/vla_policy.launch.py', 'config/default.yaml',
-                 'config/demo.yaml'):
+                 'config/demo.yaml', 'config/fastdds_shm.xml'):
         assert (share / name).is_file(), name
     index = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'ament_index'
     assert (index / 'resource_index' / 'packages' / 'vla_policy_node').is_file()
