@@ -72,6 +72,10 @@ def test_openpi_layout_loads_the_same_policy(reference_dir, family, tmp_path):
                                rtol=1e-5, atol=1e-5)
     obs = {"images": {"base_0_rgb": np.full((224, 224, 3), 100, np.uint8)}, "state": np.zeros(6), "task": "go"}
     assert ours.predict_action_chunk(obs).shape == (1, ref.chunk_size, 6)
+    wide = ours.preprocessor({"images": {"base_0_rgb": np.full((20, 40, 3), 255, np.uint8)},
+                              "state": np.zeros(6), "task": "go"}).images[0][0]
+    size = ours.preprocessor.image_size[0]
+    assert wide[:, 0].min() == -1.0 and wide[:, size // 2].max() == 1.0     # openpi pads black, centred
 
 
 def test_unknown_family_is_refused(tmp_path):

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from . import checkpoint as ckpt
 from .blocks import DecoderSpec
@@ -84,7 +84,8 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
     tiny_path = ckpt.inside(folder, "tiny_dims.json")
     tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
-    if openpi.is_openpi_config(config):
+    openpi_layout = openpi.is_openpi_config(config)
+    if openpi_layout:
         pi05 = bool(config.get("pi05", False))
         state_norm, action_norm = openpi.openpi_normalizers(folder, pi05)
         image_size = (tiny or {}).get("image_size", 224)
@@ -111,9 +112,13 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
         def prompt(task: str, state: np.ndarray) -> str:
             return pi0_family.pi0_prompt(task)
     size = cfg.image_size[0]
+    if openpi_layout:
+        image_transform = openpi.openpi_image(size)
+    else:
+        def image_transform(img: Tensor) -> Tensor:
+            return prepare_image(img, size)
     pre = Preprocessor(
-        camera_names=cfg.camera_names, image_size=cfg.image_size,
-        image_transform=lambda img: prepare_image(img, size),
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
         tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
         max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
         padding=ckpt.config_value(tok_cfg, "padding", str, "max_length", source),

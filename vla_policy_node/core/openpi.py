@@ -12,9 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch.nn.functional as F
+from torch import Tensor
 
 from . import checkpoint as ckpt
 from .normalization import Normalizer
+from .preprocessing import ImageTransform
 
 OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
@@ -72,3 +75,24 @@ def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer
         except (TypeError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{folder}: norm_stats.json {key}: {exc}") from exc
     return out[0], out[1]
+
+
+def openpi_image(size: int) -> ImageTransform:
+    """
+    Build openpi's image preprocessing: resize keeping the aspect ratio, centre-pad with black.
+
+    openpi resizes uint8 frames with PIL (bilinear, antialiased when shrinking) and pads
+    with 0 before mapping to [-1, 1], so padding ends at -1 (LeRobot's pi0 ends at -3).
+    The antialiased bilinear resize here matches PIL's to about one uint8 step.
+    """
+    def transform(img: Tensor) -> Tensor:          # (B, 3, H, W) in [0, 1]
+        h, w = img.shape[-2:]
+        if (h, w) != (size, size):
+            ratio = max(w / size, h / size)
+            rh, rw = max(1, int(h / ratio)), max(1, int(w / ratio))
+            img = F.interpolate(img, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True)
+            img = (img * 255.0).round() / 255.0        # openpi resizes uint8 images
+            top, left = (size - rh) // 2, (size - rw) // 2
+            img = F.pad(img, (left, size - rw - left, top, size - rh - top), value=0.0)
+        return img * 2.0 - 1.0
+    return transform
