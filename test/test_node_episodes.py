@@ -84,6 +84,7 @@ def test_reset_during_inference_never_executes_the_old_chunk(running):
                                   Parameter('max_observation_age', value=0.8)])
     assert all(r.successful for r in result)
     assert wait_until(lambda: all(f.done() for f in futures), 5.0)
+    assert node._last_command is None, 'the new episode must start from the measured joints'
     policy.release.set()
     assert wait_until(lambda: any(0.03 in v for v in probe.point_values()), 10.0)
     values = set().union(*probe.point_values())

@@ -92,7 +92,7 @@ def test_relative_tokenizer_resolves_against_checkpoint_not_cwd(fixture, tmp_pat
     folder, inp, exp = fixture
     monkeypatch.chdir(tmp_path)
     policy = load_policy(folder, device="cpu")
-    assert policy.preprocessor.tokenizer.path.parent == folder / "tiny_smolvlm"
+    assert policy.preprocessor.tokenizer.path.parent == folder.resolve() / "tiny_smolvlm"
 
 
 def test_weights_not_used_at_inference_are_not_loaded(fixture):

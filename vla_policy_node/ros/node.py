@@ -340,6 +340,7 @@ class VlaPolicyNode(Node):
         with self._lock:
             self._scheduler.reset()
             self._worker.request_reset()
+            self._last_command = None       # the next episode starts from the measured joints
             self._counters['episode_resets'] += 1
             count = self._counters['episode_resets']
         self.get_logger().info(f'episode reset #{count} ({reason})')
