@@ -284,10 +284,10 @@ def test_forward_command_interface_with_real_time_chunking(tmp_path):
 
 
 def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
-    """At 200 Hz a tiny-model step (about 7 ms) outlasts the period; commands still flow at the rate."""
+    """At 100 Hz a 20-step tiny-model chunk (about 15 ms) outlasts the period; commands still flow at the rate."""
     override = tmp_path / 'fast.yaml'
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
-        'control_rate_hz': 200.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32}}}}))
+        'control_rate_hz': 100.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32, 'num_steps': 20}}}}))
     domain_id = next_domain_id()
     node = NodeProcess([DEFAULT_CONFIG, override], domain_id)
     probe = None
@@ -296,11 +296,11 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
         probe = RobotProbe(domain_id)
         assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
         start_count, start = probe.command_count(), time.monotonic()
-        time.sleep(3.0)
+        time.sleep(4.0)
         rate = (probe.command_count() - start_count) / (time.monotonic() - start)
         p50_ms = float(probe.policy_status.get('total_latency_p50_ms', 'nan'))
-        assert p50_ms > 5.0, f'inference ({p50_ms} ms) is not slower than the 5 ms period'
-        assert abs(rate - 200.0) <= 10.0, f'{rate:.1f} commands/s at control_rate_hz 200'
+        assert p50_ms > 10.0, f'inference ({p50_ms} ms) is not slower than the 10 ms period'
+        assert abs(rate - 100.0) <= 5.0, f'{rate:.1f} commands/s at control_rate_hz 100'
     finally:
         if probe is not None:
             probe.close()
