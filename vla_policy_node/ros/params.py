@@ -98,6 +98,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('device', 'auto', 'Torch device: auto, cpu, cuda or cuda:N. CUDA falls back to '
               'the CPU, with a log line, where no GPU exists.'),
     ParamSpec('dtype', 'float32', 'Weights and activation dtype.', choices=DTYPES),
+    ParamSpec('cuda_graphs', True, 'On CUDA, capture the prefix pass and the denoising loop as '
+              'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager).'),
     ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
               bounds=(0, 256)),
     ParamSpec('tiny_model.chunk_size', 16, 'Actions per chunk of the tiny random model.',
@@ -188,6 +190,7 @@ class NodeSettings:
     checkpoint_root: str
     device: str
     dtype: str
+    cuda_graphs: bool
     num_threads: int
     tiny_chunk_size: int
     tiny_num_steps: int
@@ -277,6 +280,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         checkpoint_root=values['checkpoint_root'],
         device=values['device'],
         dtype=values['dtype'],
+        cuda_graphs=values['cuda_graphs'],
         num_threads=values['num_threads'],
         tiny_chunk_size=values['tiny_model.chunk_size'],
         tiny_num_steps=values['tiny_model.num_steps'],

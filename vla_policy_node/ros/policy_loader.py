@@ -68,6 +68,7 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     if horizon > policy.chunk_size:
         raise PolicyLoadError(
             f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
+    policy.runtime.cuda_graphs = settings.cuda_graphs     # acts on CUDA only; captured in the warm-up
     policy.warmup(policy.dummy_observation())
     info(f'policy ready: {policy.describe()}')
     return policy

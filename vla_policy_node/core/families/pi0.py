@@ -56,6 +56,8 @@ class Pi0(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        # The suffix's ar-mask lives on the model's device: no host copy inside a CUDA-graph capture.
+        self.register_buffer("suffix_ar", torch.tensor([1, 1] + [0] * (config.chunk_size - 1)), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -67,8 +69,7 @@ class Pi0(nn.Module):
         embs, pad = self.vlm.embed_prefix(inputs, self.backend)
         self.vlm(embs, pad, cache, self.backend)
         spec = self.expert.spec
-        suffix_ar = torch.tensor([1, 1] + [0] * (self.chunk_size - 1))
-        mask, rope = suffix_attention(pad, suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        mask, rope = suffix_attention(pad, self.suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
         state_emb = self.state_proj(inputs.state.to(self.state_proj.weight.dtype))[:, None]   # (B, 1, W)
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope, "state_emb": state_emb})
 

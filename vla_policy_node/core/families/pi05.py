@@ -73,6 +73,8 @@ class Pi05(nn.Module):
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        # The suffix's ar-mask lives on the model's device: no host copy inside a CUDA-graph capture.
+        self.register_buffer("suffix_ar", torch.tensor([1] + [0] * (config.chunk_size - 1)), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -83,8 +85,7 @@ class Pi05(nn.Module):
         embs, pad = self.vlm.embed_prefix(inputs, self.backend)
         self.vlm(embs, pad, cache, self.backend)
         spec = self.expert.spec
-        suffix_ar = torch.tensor([1] + [0] * (self.chunk_size - 1))
-        mask, rope = suffix_attention(pad, suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        mask, rope = suffix_attention(pad, self.suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope})
 
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
