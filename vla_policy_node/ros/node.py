@@ -221,12 +221,14 @@ class VlaPolicyNode(Node):
                 self._discard_plan()
                 self._hold(problem)
                 return
-            self._request_chunk(now)
+            # Execute this tick's step first: a request made now is for the next step, so the
+            # delay compensation counts exactly the steps executed while the chunk is computed.
             action = self._scheduler.next_action(now)
             if action is None:
                 self._hold(self._policy_fault or 'waiting for actions from the policy')
             else:
                 self._command(np.vstack([action, self._lookahead()]))
+            self._request_chunk(now)
 
     def _request_chunk(self, now: float) -> None:
         if self._scheduler.needs_chunk() and not self._worker.busy:
@@ -269,8 +271,9 @@ class VlaPolicyNode(Node):
     def _hold(self, reason: str) -> None:
         """Stop commanding; on the transition, send one hold command and log why."""
         if self._hold_reason is None:
-            if self._publish_hold():
-                self.get_logger().warning(f'holding: {reason}')
+            published = self._publish_hold()
+            self.get_logger().warning(
+                f'holding: {reason}' + ('' if published else ' (no joint position known yet)'))
         elif reason != self._hold_reason:
             self._log_limited('hold', f'holding: {reason}')
         self._hold_reason = reason
@@ -311,7 +314,7 @@ class VlaPolicyNode(Node):
             else:
                 error = self._submit(result)
         if error is not None:
-            self._log_limited(f'policy {result.fault}', f'discarded policy output: {error}')
+            self._log_limited(f'policy {result.fault or "rejected"}', f'discarded policy output: {error}')
 
     def _submit(self, result: InferenceResult) -> str | None:
         try:

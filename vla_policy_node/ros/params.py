@@ -27,6 +27,7 @@ from rclpy.parameter import Parameter
 import yaml
 
 from vla_policy_node.core.chunking import BLEND_MODES
+from vla_policy_node.core.preprocessing import MAX_TASK_CHARS
 from vla_policy_node.core.safety import MotionLimits, SafetyError
 
 COMMAND_INTERFACES = ('joint_trajectory', 'forward_command')
@@ -153,8 +154,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               read_only=False, bounds=(0.001, 60.0)),
     ParamSpec('reset_on_instruction_change', True, 'Start a new episode (reset cache and '
               'queue) when the instruction changes.', read_only=False),
-    ParamSpec('max_instruction_length', 2000, 'Longer instructions are refused.',
-              read_only=False, bounds=(1, 100000)),
+    ParamSpec('max_instruction_length', 2000, 'Longer instructions are refused (the policy '
+              'preprocessing accepts at most MAX_TASK_CHARS).',
+              read_only=False, bounds=(1, MAX_TASK_CHARS)),
     ParamSpec('limits.lower', Parameter.Type.DOUBLE_ARRAY,
               'Lower position limit per joint (same order as joint_names).', read_only=False),
     ParamSpec('limits.upper', Parameter.Type.DOUBLE_ARRAY,

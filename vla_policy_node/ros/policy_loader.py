@@ -55,6 +55,10 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
                 device=device, dtype=settings.dtype, seed=settings.tiny_seed)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise PolicyLoadError(f'could not load the policy: {error}') from error
+    masked = sorted(set(policy.camera_names) - set(cameras))
+    if masked:
+        warn(f'the policy also expects cameras {masked}; no topic feeds them, so they are masked '
+             '(the policy acts without those views)')
     unknown = sorted(set(cameras) - set(policy.camera_names))
     if unknown:
         raise PolicyLoadError(
@@ -68,7 +72,11 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     if horizon > policy.chunk_size:
         raise PolicyLoadError(
             f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
-    policy.runtime.cuda_graphs = settings.cuda_graphs     # acts on CUDA only; captured in the warm-up
+    # Acts on CUDA only, captured in the warm-up; graphs need the fixed prompt length of
+    # max_length padding (with 'longest' every new length would be captured mid-control).
+    policy.runtime.cuda_graphs = settings.cuda_graphs and policy.preprocessor.padding == 'max_length'
+    if settings.cuda_graphs and not policy.runtime.cuda_graphs and torch_device.type == 'cuda':
+        warn("cuda_graphs is off: the checkpoint pads prompts to the longest, not to max_length")
     policy.warmup(policy.dummy_observation())
     info(f'policy ready: {policy.describe()}')
     return policy
