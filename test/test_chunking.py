@@ -284,6 +284,22 @@ def test_reset_clears_queue_blending_state_and_delay():
     assert sched.next_action(0.4)[0] == 7.0  # no old chunk left to ensemble with
 
 
+def test_drop_plan_forgets_actions_and_request_but_keeps_the_delay_estimate():
+    sched = ChunkScheduler(SchedulerConfig(10.0, horizon=4, refill_threshold=1.0, blend="temporal_ensemble"))
+    for now in (0.0, 0.1):
+        assert sched.submit_chunk(sched.begin_request(now), np.ones((4, 1)), now=now + 0.05)
+        sched.next_action(now + 0.05)
+    in_flight = sched.begin_request(0.2)
+    sched.drop_plan()
+    assert sched.actions_left == 0 and not sched.in_flight and sched.delay_steps == 1
+    assert not sched.submit_chunk(in_flight, np.full((4, 1), 5.0), now=0.3)   # planned from the old inputs
+    request = sched.begin_request(0.3)
+    assert request.episode == in_flight.episode and request.step > 0
+    assert sched.submit_chunk(request, np.full((4, 1), 7.0), now=0.35)
+    assert sched.next_action(0.4)[0] == 7.0    # nothing old left to ensemble with
+    assert sched.stats["plans_dropped"] == 1 and sched.stats["resets"] == 0
+
+
 def test_stale_episode_chunk_is_discarded():
     sched = ChunkScheduler(SchedulerConfig(10.0, horizon=4))
     old = sched.begin_request(0.0)

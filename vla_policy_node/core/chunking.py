@@ -103,7 +103,7 @@ class ChunkScheduler:
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
                 "requests_cancelled", "actions_executed", "actions_skipped",
-                "waiting_ticks", "starved_ticks", "resets",
+                "waiting_ticks", "starved_ticks", "resets", "plans_dropped",
             ),
             0,
         )
@@ -281,6 +281,17 @@ class ChunkScheduler:
             interval = min(max(now - self._last_tick, 0.5 * nominal), 2.0 * nominal)
             self._period += self.config.rate_ema_alpha * (interval - self._period)
         self._last_tick = now
+
+    def drop_plan(self) -> None:
+        """
+        Forget the queued actions and the request in flight, within the same episode.
+
+        For an input that went bad: nothing planned from the older observation may run, but
+        the measured delay and control rate stay valid (unlike ``reset``).
+        """
+        self._chunks = []
+        self._pending = None
+        self._stats["plans_dropped"] += 1
 
     def reset(self) -> None:
         """Episode boundary: drop queue, blending state, delay estimate and any request in flight."""

@@ -238,7 +238,7 @@ class VlaPolicyNode(Node):
     def _discard_plan(self) -> None:
         """Drop actions planned from observations taken before an input went bad."""
         if self._scheduler.actions_left > 0 or self._scheduler.in_flight:
-            self._scheduler.reset()
+            self._scheduler.drop_plan()
 
     def _lookahead(self) -> np.ndarray:
         """Return the planned actions after this tick's, sent with it as trajectory points."""
