@@ -188,3 +188,10 @@ def test_stop_during_a_step_returns_within_its_timeout(make):
     assert not harness.worker.submit(ChunkRequest(7, 0, 0.0, 0, None), {})
     policy.release.set()
     assert harness.worker.stop(timeout=2.0)
+
+
+def test_alive_until_stopped(make):
+    harness = make()
+    assert harness.worker.alive
+    assert harness.worker.stop(timeout=2.0)
+    assert not harness.worker.alive

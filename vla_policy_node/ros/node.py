@@ -406,6 +406,11 @@ class VlaPolicyNode(Node):
             self.get_logger().warning(text)
 
     # ------------------------------------------------------------------ shutdown
+    @property
+    def inference_alive(self) -> bool:
+        """Tell whether the inference thread still runs; without it the node must not stay up."""
+        return self._worker.alive
+
     def stop(self) -> bool:
         """
         Stop commanding, publish a hold, then stop the inference thread.
@@ -442,8 +447,8 @@ def main(args: list[str] | None = None) -> int:
     """
     Run the node until SIGINT/SIGTERM; exit 0 after a hold, 1 on a configuration error.
 
-    A callback that raises ends the executor thread; the node then holds and exits 1 rather
-    than stay up without a control loop.
+    A callback that raises ends the executor thread, and a bug could end the inference thread;
+    either way the node then holds and exits 1 rather than stay up without a control loop.
 
     rclpy's own signal handling would shut the context down before the hold could be sent,
     so the node installs its own handlers and shuts down in order itself.
@@ -462,7 +467,7 @@ def main(args: list[str] | None = None) -> int:
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
     spinner.start()
-    while not stop.wait(0.1) and spinner.is_alive():
+    while not stop.wait(0.1) and spinner.is_alive() and node.inference_alive:
         pass
     code = 0 if stop.is_set() else 1
     finished = node.stop()

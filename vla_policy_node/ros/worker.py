@@ -72,6 +72,11 @@ class InferenceWorker:
         self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        """Tell whether the inference thread is running (it only ends when stopped, or on a bug)."""
+        return self._thread.is_alive()
+
+    @property
     def busy(self) -> bool:
         """Tell whether a job is queued or running."""
         with self._condition:
