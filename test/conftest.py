@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,3 +24,21 @@ def reference_dir():
             pytest.skip(f"reference fixtures not found at {folder} (set VLA_REFERENCE_DIR)")
         return folder
     return get
+
+
+def fixture_model_inputs(folder: Path, with_state: bool = True):
+    """Return the fixture's tensors as fed to the network (``model_input.*``) and all its inputs."""
+    from vla_policy_node.core.types import ModelInputs
+    inp = load_file(folder / "inputs.safetensors")
+    n = sum(k.startswith("model_input.image.") for k in inp)
+    return ModelInputs(images=[inp[f"model_input.image.{i}"] for i in range(n)],
+                       image_masks=[inp[f"model_input.image_mask.{i}"] for i in range(n)],
+                       tokens=inp["batch.observation.language.tokens"],
+                       token_mask=inp["batch.observation.language.attention_mask"],
+                       state=inp["model_input.state_padded"] if with_state else None), inp
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Return the largest absolute difference of two same-shape tensors."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.float() - b.float()).abs().max().item()

@@ -11,13 +11,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from conftest import fixture_model_inputs, max_diff
+
 from vla_policy_node.core.blocks import AdaRMSNorm
 from vla_policy_node.core.families.paligemma import PiConfig, prepare_image
 from vla_policy_node.core.families.pi05 import Pi05, discretize_state, key_rules, pi05_prompt
 from vla_policy_node.core.flow import euler_integrate
+from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.types import ModelInputs
-from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
@@ -31,18 +33,7 @@ def load_pi05(folder: Path, backend: str = "eager") -> Pi05:
 
 
 def model_inputs(folder: Path) -> tuple[ModelInputs, dict[str, torch.Tensor]]:
-    """No state: pi0.5 reads it only through the prompt's tokens."""
-    inp = load_file(folder / "inputs.safetensors")
-    n = sum(k.startswith("model_input.image.") for k in inp)
-    return ModelInputs(images=[inp[f"model_input.image.{i}"] for i in range(n)],
-                       image_masks=[inp[f"model_input.image_mask.{i}"] for i in range(n)],
-                       tokens=inp["batch.observation.language.tokens"],
-                       token_mask=inp["batch.observation.language.attention_mask"]), inp
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return (a.float() - b.float()).abs().max().item()
+    return fixture_model_inputs(folder, with_state=False)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])

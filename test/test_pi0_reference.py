@@ -10,17 +10,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from conftest import fixture_model_inputs, max_diff
+
 from vla_policy_node.core.attention import additive_mask, make_att_2d_masks
 from vla_policy_node.core.blocks import DecoderLayer
 from vla_policy_node.core.families.paligemma import GEMMA_VARIANTS, GemmaDims, PaliGemmaSpec, PiConfig, prepare_image
 from vla_policy_node.core.families.pi0 import Pi0, key_rules, pi0_prompt
 from vla_policy_node.core.flow import euler_integrate
+from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
 from vla_policy_node.core.rope import rope_cos_sin
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.types import ModelInputs
 from vla_policy_node.core.vision import SiglipVisionTransformer, VisionSpec
-from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
@@ -34,18 +36,7 @@ def load_pi0(folder: Path, backend: str = "eager") -> Pi0:
 
 
 def model_inputs(folder: Path) -> tuple[ModelInputs, dict[str, torch.Tensor]]:
-    inp = load_file(folder / "inputs.safetensors")
-    n = sum(k.startswith("model_input.image.") for k in inp)
-    return ModelInputs(images=[inp[f"model_input.image.{i}"] for i in range(n)],
-                       image_masks=[inp[f"model_input.image_mask.{i}"] for i in range(n)],
-                       tokens=inp["batch.observation.language.tokens"],
-                       token_mask=inp["batch.observation.language.attention_mask"],
-                       state=inp["model_input.state_padded"]), inp
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return (a.float() - b.float()).abs().max().item()
+    return fixture_model_inputs(folder, with_state=True)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
