@@ -7,6 +7,8 @@ tests never see each other or anything outside the machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 import itertools
 import os
 from pathlib import Path
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / 'config' / 'default.yaml'
@@ -89,3 +92,19 @@ class NodeProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5.0)
+
+
+@contextmanager
+def node_with_probe(params_files: list[Path], domain_id: int,
+                    make_probe: Callable[[int], Any]) -> Iterator[tuple[NodeProcess, Any]]:
+    """Start the installed node, wait until it is ready, yield it with a probe; stop both after."""
+    node = NodeProcess(params_files, domain_id)
+    probe = None
+    try:
+        assert node.wait_for_output('ready:', timeout=60.0), node.output
+        probe = make_probe(domain_id)
+        yield node, probe
+    finally:
+        if probe is not None:
+            probe.close()
+        node.kill()

@@ -22,7 +22,7 @@ import pytest
 from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.duration import Duration
-from ros_harness import DEFAULT_CONFIG, installed_executable, NodeProcess, ROOT, ros_env
+from ros_harness import DEFAULT_CONFIG, installed_executable, node_with_probe, NodeProcess, ROOT, ros_env
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
 
 from vla_policy_node.ros.conversions import rgb_to_image
@@ -88,17 +88,8 @@ class FaultyRobot(RobotProbe):
 
 @pytest.fixture(scope='module')
 def system():
-    domain_id = next(DOMAINS)
-    node = NodeProcess([DEFAULT_CONFIG], domain_id)
-    probe = None
-    try:
-        assert node.wait_for_output('ready:', timeout=60.0), node.output
-        probe = FaultyRobot(domain_id)
-        yield node, probe
-    finally:
-        if probe is not None:
-            probe.close()
-        node.kill()
+    with node_with_probe([DEFAULT_CONFIG], next(DOMAINS), FaultyRobot) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize('mode, stream', [('camera_stopped', 'front'),

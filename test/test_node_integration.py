@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess
+from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
@@ -147,17 +147,8 @@ def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
 @pytest.fixture(scope='module')
 def system():
     """Start the installed node (default.yaml) and a probe on a domain of their own."""
-    domain_id = next_domain_id()
-    node = NodeProcess([DEFAULT_CONFIG], domain_id)
-    probe = None
-    try:
-        assert node.wait_for_output('ready:', timeout=60.0), node.output
-        probe = RobotProbe(domain_id)
-        yield node, probe
-    finally:
-        if probe is not None:
-            probe.close()
-        node.kill()
+    with node_with_probe([DEFAULT_CONFIG], next_domain_id(), RobotProbe) as pair:
+        yield pair
 
 
 def test_commands_flow_within_limits(system):
@@ -265,22 +256,17 @@ def test_forward_command_interface_with_real_time_chunking(tmp_path):
         'command_interface': 'forward_command',
         'command_topic': 'forward_position_controller/commands',
         'chunking': {'blend': 'rtc'}}}}))
-    domain_id = next_domain_id()
-    node = NodeProcess([DEFAULT_CONFIG, override], domain_id)
-    probe = None
-    try:
-        assert node.wait_for_output('ready:', timeout=60.0), node.output
-        probe = RobotProbe(domain_id, Float64MultiArray, '/forward_position_controller/commands')
+
+    def forward_probe(domain_id: int) -> RobotProbe:
+        return RobotProbe(domain_id, Float64MultiArray, '/forward_position_controller/commands')
+
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), forward_probe) as (node, probe):
         assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
         assert probe.command_count() > 5
         assert len(probe.commands[-1].data) == len(JOINTS)
         for fault in ('raised', 'non_finite', 'late'):
             assert probe.counter(f'policy_{fault}') == 0
         assert probe.counter('rejected_chunks') == 0
-    finally:
-        if probe is not None:
-            probe.close()
-        node.kill()
 
 
 def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
@@ -288,12 +274,7 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
     override = tmp_path / 'fast.yaml'
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
         'control_rate_hz': 100.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32, 'num_steps': 20}}}}))
-    domain_id = next_domain_id()
-    node = NodeProcess([DEFAULT_CONFIG, override], domain_id)
-    probe = None
-    try:
-        assert node.wait_for_output('ready:', timeout=60.0), node.output
-        probe = RobotProbe(domain_id)
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe) as (node, probe):
         assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
         start_count, start = probe.command_count(), time.monotonic()
         time.sleep(4.0)
@@ -301,7 +282,3 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
         p50_ms = float(probe.policy_status.get('total_latency_p50_ms', 'nan'))
         assert p50_ms > 10.0, f'inference ({p50_ms} ms) is not slower than the 10 ms period'
         assert abs(rate - 100.0) <= 5.0, f'{rate:.1f} commands/s at control_rate_hz 100'
-    finally:
-        if probe is not None:
-            probe.close()
-        node.kill()
