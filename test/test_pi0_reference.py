@@ -11,12 +11,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import fixture_model_inputs, max_diff
+from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen
 
 from vla_policy_node.core.attention import additive_mask, make_att_2d_masks
 from vla_policy_node.core.blocks import DecoderLayer
 from vla_policy_node.core.families.paligemma import GEMMA_VARIANTS, GemmaDims, PaliGemmaSpec, PiConfig, prepare_image
 from vla_policy_node.core.families.pi0 import Pi0, key_rules, pi0_prompt
-from vla_policy_node.core.flow import euler_integrate
 from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
 from vla_policy_node.core.rope import rope_cos_sin
@@ -41,48 +41,12 @@ def model_inputs(folder: Path) -> tuple[ModelInputs, dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_matches_lerobot_reference(reference_dir, backend):
-    folder = reference_dir("pi0")
-    model = load_pi0(folder, backend)
-    inputs, raw = model_inputs(folder)
-    exp = load_file(folder / "expected.safetensors")
-    runtime = PolicyRuntime(model, model.config.num_steps, CPU)
-    assert max_diff(runtime.timesteps, exp["timesteps"]) == 0.0
-    with torch.inference_mode():
-        embs, pad = model.vlm.embed_prefix(inputs, backend)
-        assert max_diff(embs, exp["prefix_embs"]) < TOL
-        assert torch.equal(pad, exp["prefix_pad_masks"])
-        ctx = runtime.encode(inputs)
-        last = model.num_cache_layers - 1
-        for i in (0, last):
-            k, v = ctx.cache.layer(i)                                  # (B, H_kv, L, D) vs (B, L, H_kv, D)
-            assert max_diff(k.transpose(1, 2), exp[f"prefix_kv.layer{i}.key"]) < TOL
-            assert max_diff(v.transpose(1, 2), exp[f"prefix_kv.layer{i}.value"]) < TOL
-        for k in range(model.config.num_steps):
-            v = model.velocity(exp["x_t_before_step"][k], runtime.time_cond[k], ctx)
-            assert max_diff(v, exp["velocities"][k]) < TOL, f"step {k}"
-        assert max_diff(model.velocity(raw["noise"], runtime.time_cond[0], ctx), exp["velocity.step0"]) < TOL
-    actions = runtime.sample(inputs, raw["noise"])
-    assert max_diff(actions, exp["x_final_padded"]) < TOL
-    assert max_diff(actions[..., :model.config.action_dim], exp["action_chunk_normalized"]) < TOL
+    model = load_pi0(reference_dir("pi0"), backend)
+    check_matches_fixture(model, reference_dir("pi0"), backend, with_state=True)
 
 
 def test_prefix_cache_filled_once_and_frozen(reference_dir):
-    folder = reference_dir("pi0")
-    model = load_pi0(folder)
-    inputs, raw = model_inputs(folder)
-    prefix_calls = []
-    model.vlm.register_forward_hook(lambda *_: prefix_calls.append(1))
-    runtime = PolicyRuntime(model, model.config.num_steps, CPU)
-    with torch.inference_mode():
-        ctx = runtime.encode(inputs)
-        before = [t.clone() for layer in ctx.cache.layers for t in layer]
-        euler_integrate(runtime.velocity_fn(ctx), raw["noise"], runtime.dt, model.config.num_steps)
-    assert len(prefix_calls) == 1 and runtime.stats.prefix_passes == 1
-    assert runtime.stats.denoise_steps == model.config.num_steps
-    ctx.cache.verify_unchanged()
-    assert all(torch.equal(a, b) for a, b in zip(before, (t for layer in ctx.cache.layers for t in layer)))
-    runtime.sample(inputs, raw["noise"])
-    assert len(prefix_calls) == 2 and runtime.stats.prefix_passes == 2
+    check_prefix_once_and_frozen(load_pi0(reference_dir("pi0")), reference_dir("pi0"), with_state=True)
 
 
 def test_preprocessing_matches_reference(reference_dir):
