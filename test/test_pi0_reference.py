@@ -25,7 +25,6 @@ from vla_policy_node.core.types import ModelInputs
 from vla_policy_node.core.vision import SiglipVisionTransformer, VisionSpec
 from vla_policy_node.core.weights import load_weights, prefix_key_map
 
-TOL = 1e-4
 CPU = torch.device("cpu")
 
 
