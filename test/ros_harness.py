@@ -48,13 +48,13 @@ class NodeProcess:
     """The installed node as a subprocess, its merged stdout/stderr collected by a thread."""
 
     def __init__(self, params_files: list[Path], domain_id: int,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         args = [str(installed_executable()), '--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
         args += list(extra_args)
         self.process = subprocess.Popen(
-            args, env=ros_env(domain_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            args, env={**ros_env(domain_id), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, cwd=ROOT)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -95,13 +95,14 @@ class NodeProcess:
 
 
 @contextmanager
-def node_with_probe(params_files: list[Path], domain_id: int,
-                    make_probe: Callable[[int], Any]) -> Iterator[tuple[NodeProcess, Any]]:
+def node_with_probe(params_files: list[Path], domain_id: int, make_probe: Callable[[int], Any],
+                    ready_timeout: float = 60.0,
+                    env: dict[str, str] | None = None) -> Iterator[tuple[NodeProcess, Any]]:
     """Start the installed node, wait until it is ready, yield it with a probe; stop both after."""
-    node = NodeProcess(params_files, domain_id)
+    node = NodeProcess(params_files, domain_id, env=env)
     probe = None
     try:
-        assert node.wait_for_output('ready:', timeout=60.0), node.output
+        assert node.wait_for_output('ready:', timeout=ready_timeout), node.output
         probe = make_probe(domain_id)
         yield node, probe
     finally:

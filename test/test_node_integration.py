@@ -282,3 +282,25 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
         p50_ms = float(probe.policy_status.get('total_latency_p50_ms', 'nan'))
         assert p50_ms > 10.0, f'inference ({p50_ms} ms) is not slower than the 10 ms period'
         assert abs(rate - 100.0) <= 5.0, f'{rate:.1f} commands/s at control_rate_hz 100'
+
+
+@pytest.mark.parametrize('toolchain', ['present', 'missing'])
+def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tmp_path, toolchain):
+    """compile: true compiles before 'ready'; without a C++ compiler the node warns and runs eager."""
+    override = tmp_path / 'compiled.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'compile': True, 'num_threads': 1}}}))
+    env = {}
+    if toolchain == 'missing':     # and an empty compile cache, or a cached build would hide it
+        env = {'CXX': str(tmp_path / 'no-such-compiler'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'inductor')}
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe, ready_timeout=240.0,
+                         env=env) as (node, probe):
+        if toolchain == 'present':
+            assert 'ready:' in node.output and '(compiled)' in node.output, node.output
+            assert 'compile failed' not in node.output
+        else:
+            assert 'compile failed, running eager' in node.output, node.output
+            assert '(compiled)' not in node.output
+        assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
+        assert probe.command_count() > 5
+        for fault in ('raised', 'non_finite', 'late'):
+            assert probe.counter(f'policy_{fault}') == 0

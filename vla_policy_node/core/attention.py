@@ -75,3 +75,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
     scores = scores + mask.float()
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v)
+
+
+def attention_split(q: Tensor, prefix_kv: tuple[Tensor, Tensor], suffix_kv: tuple[Tensor, Tensor], mask: Tensor,
+                    scale: float | None = None) -> Tensor:
+    """
+    Grouped-query attention of q over [prefix; suffix] K/V without concatenating them.
+
+    The prefix stays untouched and uncopied: scores against each part are joined
+    (B, H, Lq, Lp + Ls), one softmax runs over both, and the two value products are
+    summed. This is the ``eager`` backend's arithmetic (float32 scores), written
+    so that a graph compiler sees a pure function with no K/V copy per step.
+    q (B, H, Lq, D); prefix and suffix k, v (B, H_kv, Lp | Ls, D); mask (B, 1, Lq, Lp + Ls).
+    """
+    (kp, vp), (ks, vs) = prefix_kv, suffix_kv
+    b, h, lq, d = q.shape
+    groups, lp = kp.shape[1], kp.shape[2]
+    if scale is None:
+        scale = d ** -0.5
+    qg = q.float().reshape(b, groups, h // groups * lq, d)          # the heads sharing one K/V head, stacked
+    scores = torch.cat([qg @ kp.float().transpose(-1, -2), qg @ ks.float().transpose(-1, -2)], -1)
+    scores = scores.view(b, h, lq, -1) * scale + mask.float()        # (B, H, Lq, Lp + Ls)
+    probs = torch.softmax(scores, dim=-1).to(vp.dtype).view(b, groups, h // groups * lq, -1)
+    out = probs[..., :lp] @ vp + probs[..., lp:] @ vs
+    return out.view(b, h, lq, d)

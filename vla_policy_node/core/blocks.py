@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import packed_linear
-from .attention import attention
-from .prefix_cache import VLAPrefixCache
+from .prefix_cache import PrefixKV
 from .rope import apply_rope
 
 ACTIVATIONS = {
@@ -212,9 +211,9 @@ class DecoderLayer(nn.Module):
     """
     Pre-norm decoder layer whose self-attention goes through the prefix cache.
 
-    While the cache fills (prefix pass), ``cache.update`` stores this layer's
-    K/V; once frozen (denoising), it returns [prefix; suffix] K/V, so the same
-    code serves the VLM prefix pass and a joint-attention expert.
+    While the cache fills (prefix pass), ``cache.attend`` stores this layer's
+    K/V; once frozen (denoising), it attends over [prefix; suffix] K/V, so the
+    same code serves the VLM prefix pass and a joint-attention expert.
     """
 
     def __init__(self, spec: DecoderSpec, kv_in_dim: Optional[int] = None) -> None:
@@ -225,19 +224,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = make_norm(spec)
         self.mlp = GatedMLP(spec.width, spec.mlp_width, spec.act)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: VLAPrefixCache,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: PrefixKV,
                 layer_idx: int, backend: str, cond: Optional[Tensor] = None) -> Tensor:
         x = self.attention_block(x, rope, mask, cache, layer_idx, backend, cond)
         return self.mlp_block(x, cond)
 
-    def attention_block(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: VLAPrefixCache,
+    def attention_block(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: PrefixKV,
                         layer_idx: int, backend: str, cond: Optional[Tensor] = None) -> Tensor:
         """Residual self-attention; the last VLM layer of a prefix pass needs only this half."""
         h, gate = self.input_layernorm(x, cond)
         q, k, v = self.self_attn.qkv(h)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        k, v = cache.update(k, v, layer_idx)
-        return gated_residual(x, self.self_attn.out(attention(q, k, v, mask, backend)), gate)
+        return gated_residual(x, self.self_attn.out(cache.attend(q, k, v, mask, layer_idx, backend)), gate)
 
     def mlp_block(self, x: Tensor, cond: Optional[Tensor] = None) -> Tensor:
         h, gate = self.post_attention_layernorm(x, cond)

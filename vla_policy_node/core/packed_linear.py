@@ -39,8 +39,13 @@ def pack(weight: Tensor) -> Optional[Tensor]:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[Tensor]) -> Tensor:
-    """Compute ``F.linear``, through the packed weight when there is one and no autograd is needed."""
-    if packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled()):
+    """
+    Compute ``F.linear``, through the packed weight when there is one and no autograd is needed.
+
+    Compiled code takes the plain weight: the inductor packs weights itself (``freezing``).
+    """
+    if (packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled())
+            or torch.compiler.is_compiling()):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 

@@ -13,10 +13,12 @@ Layout of every cached tensor: ``(B, H_kv, L, D)``; the sequence dim is -2.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+
+from .attention import attention, attention_split
 
 
 class ReadOnlyCacheError(RuntimeError):
@@ -88,6 +90,12 @@ class VLAPrefixCache:
             self._keys[layer_idx] = self._windowed(full_k, layer_idx)
             self._values[layer_idx] = self._windowed(full_v, layer_idx)
         return full_k, full_v
+
+    def attend(self, q: Tensor, key_states: Tensor, value_states: Tensor, mask: Tensor, layer_idx: int,
+               backend: str) -> Tensor:
+        """Attention of q over this layer's keys after ``update``: the one call a decoder layer makes."""
+        k, v = self.update(key_states, value_states, layer_idx)
+        return attention(q, k, v, mask, backend)
 
     def freeze(self, num_layers: Optional[int] = None) -> None:
         """Make the cache read-only; ``num_layers`` is what the model expects."""
@@ -182,6 +190,12 @@ class VLAPrefixCache:
             raise ReadOnlyCacheError(f"the VLA prefix cache is read-only; cannot replace {name}")
         super().__setattr__(name, value)
 
+    def frozen_view(self) -> "FrozenPrefix":
+        """Return the frozen K/V as a ``FrozenPrefix`` (no copy), for compiled denoising."""
+        if not self._read_only:
+            raise ReadOnlyCacheError("only a frozen VLA prefix cache has a frozen view")
+        return FrozenPrefix(self._keys, self._values)
+
     def batch_slice(self, index: int) -> "VLAPrefixCache":
         """Return a frozen batch-1 view of request ``index`` (no copy)."""
         out = VLAPrefixCache(self._windows)
@@ -189,6 +203,35 @@ class VLAPrefixCache:
         out._values = [v[index:index + 1] for v in self._values]
         out.freeze()
         return out
+
+
+class FrozenPrefix:
+    """
+    A frozen prefix in the form a graph compiler traces: per-layer K/V and ``attend``.
+
+    ``attend`` runs attention over [prefix; suffix] without concatenating them
+    (``attention_split``): no scratch buffer, no write, no per-step copy of the
+    prefix, and no version-counter checks, which compilers cannot trace. The
+    ``VLAPrefixCache`` it comes from still does those checks around the loop.
+    """
+
+    def __init__(self, keys: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+        self.keys, self.values = tuple(keys), tuple(values)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def layer(self, layer_idx: int) -> tuple[Tensor, Tensor]:
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def attend(self, q: Tensor, key_states: Tensor, value_states: Tensor, mask: Tensor, layer_idx: int,
+               backend: str) -> Tensor:
+        """Attention of q over [prefix_i; suffix]; ``backend`` is unused: the split form is its own kernel."""
+        return attention_split(q, self.layer(layer_idx), (key_states, value_states), mask)
+
+
+PrefixKV = Union[VLAPrefixCache, FrozenPrefix]
+"""What a decoder layer attends through: the cache itself, or its frozen view in compiled code."""
 
 
 @dataclass
@@ -201,7 +244,7 @@ class PrefixContext:
     tensor or a list of tensors with the batch on dim 0.
     """
 
-    cache: VLAPrefixCache
+    cache: PrefixKV
     pad_mask: Tensor                      # (B, Lp) bool, True = valid prefix token
     extras: dict[str, object] = field(default_factory=dict)
 

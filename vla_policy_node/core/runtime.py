@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from .flow import VelocityFn, euler_integrate, euler_schedule
-from .prefix_cache import PrefixContext, VLAPrefixCache
+from .prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
 from .types import ModelInputs
 
+OPTS = {"cpp_wrapper": True, "freezing": True}
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
 
 
@@ -73,7 +74,7 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, compile: bool = False) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -84,6 +85,8 @@ class PolicyRuntime:
         self.stats = RuntimeStats()
         self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
+        self.compile = compile                  # torch.compile the prefix pass and the step (CUDA graphs win)
+        self._compiled: Optional[CompiledSample] = None
 
     @property
     def cuda_graphs_active(self) -> bool:
@@ -122,6 +125,8 @@ class PolicyRuntime:
         self._check_noise(noise, inputs.batch_size)
         if guide is None and self.cuda_graphs_active:
             return self._sample_graphed(inputs, noise)
+        if guide is None and self.compile:
+            return self._sample_compiled(inputs, noise)
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
             ctx = self.encode(inputs)
@@ -157,6 +162,30 @@ class PolicyRuntime:
             self._sync()
             t1 = time.perf_counter()
             actions = graphs.replay_denoise(noise)
+            self._sync()
+        self.stats.record("prefix", t1 - t0)
+        self.stats.record("denoise", time.perf_counter() - t1)
+        self.stats.prefix_passes += 1
+        self.stats.denoise_steps += self.num_steps
+        self.stats.control_steps += 1
+        return actions
+
+    def _sample_compiled(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
+        """``sample`` through the compiled prefix pass and denoising loop; compiled at the first call (warm-up)."""
+        if self._compiled is None:
+            self._compiled = CompiledSample(self)
+        fns = self._compiled
+        with torch.no_grad():          # compiled code traces no_grad; inference-mode tensors it cannot
+            t0 = time.perf_counter()
+            self.cache.reset()
+            keys, values, pad, extras = fns.prefix(inputs)
+            for i, (k, v) in enumerate(zip(keys, values)):
+                self.cache.update(k, v, i)
+            self.cache.freeze(self.model.num_cache_layers)
+            self._sync()
+            t1 = time.perf_counter()
+            actions = fns.denoise(noise.to(self.device, torch.float32), keys, values, pad, extras)
+            self.cache.verify_unchanged()
             self._sync()
         self.stats.record("prefix", t1 - t0)
         self.stats.record("denoise", time.perf_counter() - t1)
@@ -241,3 +270,37 @@ class CudaGraphSample:
         self.noise.copy_(noise)
         self.denoise_graph.replay()
         return self.actions.clone()
+
+
+class CompiledSample:
+    """
+    The prefix pass and the whole denoising loop, each compiled once with ``torch.compile`` (inductor).
+
+    On a CPU, where there are no CUDA graphs, this removes what dominates small
+    models: one dispatch and one Python call per op. The inductor fuses the
+    elementwise chains (norms, RoPE, gating, softmax) into generated C++ loops,
+    calls the matmuls directly, and unrolls the fixed number of steps into one
+    graph. Both functions are pure: the prefix pass returns the per-layer K/V
+    (the runtime freezes them in its ``VLAPrefixCache``, which checks them after
+    the loop) and the loop reads them through a ``FrozenPrefix``, which attends
+    without copying the prefix. Shapes are static (``dynamic=False``): a new
+    input shape compiles again, so use it with fixed-length prompts. Needs a C++
+    compiler on the CPU (Triton on CUDA).
+    """
+
+    def __init__(self, runtime: PolicyRuntime) -> None:
+        model, time_cond, dt, num_steps = runtime.model, runtime.time_cond, runtime.dt, runtime.num_steps
+
+        def prefix(inputs: ModelInputs) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor, dict]:
+            cache = VLAPrefixCache()
+            ctx = model.encode_prefix(inputs, cache)
+            keys, values = zip(*cache.layers)
+            return keys, values, ctx.pad_mask, ctx.extras
+
+        def denoise(noise: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], pad: Tensor,
+                    extras: dict) -> Tensor:
+            ctx = PrefixContext(FrozenPrefix(keys, values), pad, extras)
+            return euler_integrate(lambda x_t, k: model.velocity(x_t, time_cond[k], ctx), noise, dt, num_steps)
+
+        self.prefix = torch.compile(prefix, dynamic=False, options=OPTS)
+        self.denoise = torch.compile(denoise, dynamic=False, options=OPTS)

@@ -77,6 +77,20 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     policy.runtime.cuda_graphs = settings.cuda_graphs and policy.preprocessor.padding == 'max_length'
     if settings.cuda_graphs and not policy.runtime.cuda_graphs and torch_device.type == 'cuda':
         warn("cuda_graphs is off: the checkpoint pads prompts to the longest, not to max_length")
-    policy.warmup(policy.dummy_observation())
-    info(f'policy ready: {policy.describe()}')
+    # Compiled code is specialised to the input shapes, so it needs fixed-length prompts too.
+    policy.runtime.compile = settings.compile and policy.preprocessor.padding == 'max_length'
+    if settings.compile and not policy.runtime.compile:
+        warn("compile is off: the checkpoint pads prompts to the longest, not to max_length")
+    elif policy.runtime.compile and policy.runtime.cuda_graphs_active:
+        warn('compile is ignored: on CUDA, cuda_graphs captures the prefix pass and the loop')
+    try:
+        policy.warmup(policy.dummy_observation())
+    except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
+        if not policy.runtime.compile or policy.runtime.cuda_graphs_active:
+            raise
+        warn(f'compile failed, running eager: {type(error).__name__}: {str(error).splitlines()[0][:300]}')
+        policy.runtime.compile = False
+        policy.warmup(policy.dummy_observation())
+    info(f'policy ready: {policy.describe()}'
+         + (' (compiled)' if policy.runtime.compile and not policy.runtime.cuda_graphs_active else ''))
     return policy

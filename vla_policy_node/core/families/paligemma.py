@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..attention import additive_mask, make_att_2d_masks
 from ..blocks import DecoderLayer, DecoderSpec, make_norm
-from ..prefix_cache import VLAPrefixCache
+from ..prefix_cache import PrefixKV, VLAPrefixCache
 from ..rope import rope_cos_sin
 from ..types import ModelInputs
 from ..vision import SiglipVisionTransformer, VisionSpec
@@ -248,7 +248,7 @@ class GemmaExpert(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.layers[0].self_attn.q_proj.weight.dtype
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: VLAPrefixCache,
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, cache: PrefixKV,
                 backend: str, num_out: int, cond: Optional[Tensor] = None) -> Tensor:
         """Suffix x (B, Ls, W) -> normed last ``num_out`` tokens (B, num_out, W); mask (B, 1, Ls, Lp + Ls)."""
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,110 @@
+"""The compiled path (``torch.compile`` of the prefix pass and the denoising loop) keeps the eager path's actions."""
+
+from conftest import fixture_model_inputs, max_diff
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+import torch
+from torch._dynamo.utils import counters
+
+from vla_policy_node.core.attention import additive_mask, attention, attention_split
+from vla_policy_node.core.chunking import RTCGuidance
+from vla_policy_node.core.loading import load_policy
+from vla_policy_node.core.prefix_cache import ReadOnlyCacheError, VLAPrefixCache
+from vla_policy_node.models import build_tiny_policy
+
+TOL = 1e-4      # as the reference tests: the compiler reorders float32 reductions
+
+
+def random_qkv(heads, kv_heads, lq, lp, ls, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+    return (rand(2, heads, lq, 16), (rand(2, kv_heads, lp, 16), rand(2, kv_heads, lp, 16)),
+            (rand(2, kv_heads, ls, 16), rand(2, kv_heads, ls, 16)))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1)])
+def test_split_attention_equals_attention_over_the_concatenation(dtype, tol, heads, kv_heads):
+    q, (kp, vp), (ks, vs) = random_qkv(heads, kv_heads, lq=5, lp=7, ls=5, dtype=dtype)
+    allowed = torch.rand(2, 5, 12, generator=torch.Generator().manual_seed(1)) > 0.3
+    allowed[..., 0] = True
+    mask = additive_mask(allowed, dtype)
+    want = attention(q, torch.cat([kp, ks], -2), torch.cat([vp, vs], -2), mask, "eager")
+    got = attention_split(q, (kp, vp), (ks, vs), mask)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert max_diff(got, want) < tol
+
+
+def test_frozen_view_attends_like_the_cache_and_copies_nothing():
+    cache = VLAPrefixCache()
+    q, (kp, vp), (ks, vs) = random_qkv(4, 2, lq=3, lp=6, ls=3, dtype=torch.float32)
+    with pytest.raises(ReadOnlyCacheError):
+        cache.frozen_view()
+    for i in range(2):
+        cache.update(kp + i, vp - i, i)
+    cache.freeze(2)
+    view = cache.frozen_view()
+    mask = torch.zeros(2, 1, 3, 9)
+    for i in range(2):
+        assert view.layer(i)[0].data_ptr() == cache.layer(i)[0].data_ptr()
+        assert max_diff(view.attend(q, ks, vs, mask, i, "sdpa"), cache.attend(q, ks, vs, mask, i, "sdpa")) < 1e-6
+    cache.verify_unchanged()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_policy(("front",), chunk_size=8, num_steps=3)
+
+
+def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
+    obs = tiny.dummy_observation()
+    obs["state"] = np.random.default_rng(0).normal(size=tiny.state_dim)
+    noise = np.random.default_rng(1).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
+    eager = tiny.predict_action_chunk(obs, noise)
+    tiny.runtime.compile = True
+    tiny.stats.clear()
+    try:
+        first = tiny.predict_action_chunk(obs, noise)                  # compiles
+        graphs = counters["stats"]["unique_graphs"]
+        obs["state"] = obs["state"] + 0.5
+        second = tiny.predict_action_chunk(obs, noise)                 # same shapes: the compiled code again
+        assert counters["stats"]["unique_graphs"] == graphs
+        obs["state"] = obs["state"] - 0.5
+        tiny.runtime.compile = False
+        assert np.abs(second - tiny.predict_action_chunk({**obs, "state": obs["state"] + 0.5}, noise)).max() < TOL
+    finally:
+        tiny.runtime.compile = False
+    assert np.abs(first - eager).max() < TOL
+    stats = tiny.stats
+    assert stats.prefix_passes == stats.control_steps == 3
+    assert stats.denoise_steps == 3 * tiny.num_steps
+    assert tiny.runtime.cache.read_only
+
+
+def test_compiled_runtime_leaves_guided_sampling_eager(tiny):
+    obs = tiny.dummy_observation()
+    noise = np.random.default_rng(2).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
+    rtc = RTCGuidance(prefix=np.full((3, tiny.action_dim), 0.1, np.float32), delay_steps=2, max_guidance_weight=5.0)
+    eager = tiny.predict_action_chunk(obs, noise, rtc=rtc)
+    tiny.runtime.compile = True
+    try:
+        compiled = tiny.predict_action_chunk(obs, noise, rtc=rtc)      # autograd: the eager loop
+    finally:
+        tiny.runtime.compile = False
+    np.testing.assert_array_equal(compiled, eager)
+
+
+@pytest.mark.parametrize("family", ["pi0", "pi05"])
+def test_compiled_pi_policies_match_lerobot(reference_dir, family):
+    """The compiled prefix pass and loop of pi0 / pi0.5 give LeRobot's chunk (the fixture's expected output)."""
+    folder = reference_dir(family)
+    policy = load_policy(folder)
+    policy.runtime.compile = True
+    inputs, raw = fixture_model_inputs(folder, with_state=family == "pi0")
+    actions = policy.runtime.sample(inputs, raw["noise"])
+    expected = load_file(folder / "expected.safetensors")["x_final_padded"]
+    assert max_diff(actions, expected) < TOL
+    assert policy.stats.prefix_passes == policy.stats.control_steps == 1
