@@ -10,14 +10,18 @@ One run measures, after warm-up and on the same weights and inputs:
   so machine drift cancels), run from ``.venv-lerobot`` as a subprocess
   (``lerobot_worker.py``), and the largest action difference at equal noise.
 
-Named configurations (``tiny``, ``smolvla``) are random-weight models saved as
+Named configurations (``tiny``, ``smolvla``, ``pi0``) are random-weight models saved as
 LeRobot checkpoints in a temporary folder (see ``checkpoints``); ``--checkpoint``
-benchmarks a checkpoint folder instead.
+benchmarks a checkpoint folder instead. Before writing one, the bench estimates the
+RAM the run needs and stops with the figures when it does not fit. LeRobot's pi0 and
+pi0.5 need openpi's patched transformers; without it the comparison is skipped, with
+the reason in the table and the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,13 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from vla_policy_node.bench import checkpoints
+from vla_policy_node.core.checkpoint import CheckpointError, read_safetensors_header
 from vla_policy_node.core.policy import Policy
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
 from vla_policy_node.core.types import ModelInputs
@@ -44,6 +49,8 @@ LEROBOT_PYTHON = REPO / ".venv-lerobot" / "bin" / "python"
 WORKER = Path(__file__).with_name("lerobot_worker.py")
 TASK = "pick up the red cube and put it in the bin"
 STAGES = ("preprocess", "prefix", "denoise_step", "denoise", "postprocess", "total")
+PI_FAMILIES = ("pi0", "pi05")
+PACKED_ATTRS = ("packed", "gate_up_packed", "qkv_packed")
 
 
 def summarize(seconds: list[float]) -> dict[str, float]:
@@ -72,6 +79,94 @@ def peak_rss_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable: what can be allocated without swapping (page cache included, as the kernel reclaims it)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def memory_check(estimate: checkpoints.MemoryEstimate, args: argparse.Namespace) -> Optional[str]:
+    """Return why the run would not fit in RAM (with the figures and what would fit), or None."""
+    available = available_memory_bytes()
+    need = estimate.host_peak
+    if need <= available:
+        return None
+    gib = 2**30
+    parts = (f"weights {estimate.weights / gib:.1f} GiB + oneDNN-packed copies {estimate.packed / gib:.1f} GiB"
+             if estimate.device == "cpu" else f"loading {estimate.load / gib:.1f} GiB (float32 build)")
+    msg = (f"{args.config} {args.dtype} on {args.device} needs about {need / gib:.1f} GiB of RAM ({parts}, "
+           f"+ {estimate.working / gib:.1f} GiB working memory; loading alone peaks at {estimate.load / gib:.1f} GiB); "
+           f"{available / gib:.1f} GiB is available.")
+    hints = []
+    if args.dtype == "float32":
+        lighter = checkpoints.memory_estimate(args.config, args.cameras, "bfloat16", args.device, not args.no_pack)
+        hints.append(f"--dtype bfloat16 (about {lighter.host_peak / gib:.1f} GiB)")
+    if not args.no_pack and estimate.packed:
+        unpacked = checkpoints.memory_estimate(args.config, args.cameras, args.dtype, args.device, False)
+        hints.append(f"--no-pack (about {unpacked.host_peak / gib:.1f} GiB, slower CPU matmuls)")
+    if hints:
+        msg += " Try " + " or ".join(hints) + "."
+    return msg
+
+
+@contextlib.contextmanager
+def unpacked(model: torch.nn.Module) -> Iterator[None]:
+    """Hide the packed weights (the plain ``F.linear`` path runs): ``FlopCounterMode`` does not count oneDNN's."""
+    hidden = [(m, a, getattr(m, a)) for m in model.modules() for a in PACKED_ATTRS if getattr(m, a, None) is not None]
+    for m, a, _ in hidden:
+        setattr(m, a, None)
+    try:
+        yield
+    finally:
+        for m, a, t in hidden:
+            setattr(m, a, t)
+
+
+def tensor_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes of the parameters and of the packed copies actually held."""
+    packed = sum(t.numel() * t.element_size() for m in model.modules() for a in PACKED_ATTRS
+                 if isinstance(t := getattr(m, a, None), torch.Tensor))
+    return {"weights": sum(p.numel() * p.element_size() for p in model.parameters()), "packed": packed}
+
+
+def lerobot_pi_blocker() -> Optional[str]:
+    """Why LeRobot 0.4.4's pi0 / pi0.5 cannot run from ``.venv-lerobot`` (found in a second), or None."""
+    probe = ("import importlib.util, transformers; print(transformers.__version__, "
+             "importlib.util.find_spec('transformers.models.siglip.check') is not None)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""}
+    try:
+        out = subprocess.run([str(LEROBOT_PYTHON), "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not probe {LEROBOT_PYTHON} for transformers: {exc}"
+    words = out.stdout.split()
+    if out.returncode != 0 or len(words) < 2:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"could not import transformers in {LEROBOT_PYTHON}: {tail}"
+    if words[-1] == "True":
+        return None
+    return (f"LeRobot 0.4.4's pi0/pi0.5 need openpi's patched transformers (modeling_pi0 imports "
+            f"transformers.models.siglip.check, else raises 'An incorrect transformer version is used'); "
+            f".venv-lerobot has transformers {words[-2]} without it")
+
+
+def lerobot_memory_blocker(folder: Path) -> Optional[str]:
+    """Say why LeRobot's float32 copy of the checkpoint would not fit in RAM beside our policy, or None."""
+    try:
+        params = sum(info.numel for info in read_safetensors_header(folder / "model.safetensors").values())
+    except (CheckpointError, OSError):
+        return None                     # not a single-file checkpoint: let the worker report
+    need, available = params * 4 + checkpoints.WORKING_BYTES, available_memory_bytes()
+    if need <= available:
+        return None
+    return (f"LeRobot would load {params / 1e9:.2f} B parameters in float32 ({need / 2**30:.1f} GiB with its working "
+            f"memory) beside this policy; {available / 2**30:.1f} GiB is available")
 
 
 def cpu_model() -> str:
@@ -178,7 +273,7 @@ def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dic
     if backend is not None:
         model.backend = "eager"
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), unpacked(model):
             cache = VLAPrefixCache()
             with FlopCounterMode(display=False) as prefix:
                 ctx = model.encode_prefix(inputs, cache)
@@ -221,10 +316,16 @@ def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters:
     }
 
 
-def run(args: argparse.Namespace, folder: Path, work: Path) -> dict:
+def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict] = None,
+        estimate: Optional[checkpoints.MemoryEstimate] = None) -> dict:
     peak_since_load = reset_peak_rss()
-    policy = load_policy(folder, device=args.device, dtype=args.dtype)
+    t_load = time.perf_counter()
+    policy = load_policy(folder, device=args.device, dtype=args.dtype, pack_weights=not args.no_pack)
+    load_s = time.perf_counter() - t_load
+    progress(f"loaded in {load_s:.1f} s: {policy.describe()}")
+    held = tensor_bytes(policy.model)
     policy.runtime.cuda_graphs = args.cuda_graphs
+    policy.runtime.compile = args.compile
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or policy.preprocessor.image_size
     obs, noise_np = make_observation(policy, frame, args.seed)
@@ -241,6 +342,10 @@ def run(args: argparse.Namespace, folder: Path, work: Path) -> dict:
         lerobot["reason"] = f"{LEROBOT_PYTHON} not found; make it with `make lerobot-env` (see BENCHMARKS.md)"
     elif cuda:
         lerobot["reason"] = "the LeRobot comparison runs on the CPU only"
+    elif policy.family in PI_FAMILIES and (blocker := lerobot_pi_blocker()):
+        lerobot["reason"] = blocker
+    elif blocker := lerobot_memory_blocker(folder):
+        lerobot["reason"] = blocker
     else:
         progress("starting the LeRobot worker")
         try:
@@ -298,17 +403,21 @@ def run(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     memory = {"peak_rss_load_mib": peak_load, "peak_rss_mib": peak_run if peak_since_load else peak_rss_mib(),
               "peak_counted_from": "timed run" if peak_since_load else "process start",
               "rss_start_mib": rss_start, "rss_end_mib": rss_end,
-              "cuda_peak_mib": torch.cuda.max_memory_allocated(policy.device) / 2**20 if cuda else None}
+              "cuda_peak_mib": torch.cuda.max_memory_allocated(policy.device) / 2**20 if cuda else None,
+              "weights_mib": held["weights"] / 2**20, "packed_mib": held["packed"] / 2**20,
+              "estimate": estimate.as_dict() if estimate is not None else None}
     model = policy.model
     prefix_tokens = policy.runtime.cache.seq_length()
     return {
         "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
                    "device": str(policy.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
-                   "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "iters": args.iters,
+                   "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "compile": args.compile,
+                   "iters": args.iters,
                    "warmup": args.warmup, "num_steps": policy.num_steps, "chunk_size": policy.chunk_size,
                    "prefix_tokens": prefix_tokens,
                    "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-                   "camera_frame_hw": list(frame)},
+                   "camera_frame_hw": list(frame), "packed_weights": not args.no_pack,
+                   "load_s": load_s, "checkpoint": saved},
         "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(policy.device) if cuda else None},
         "stages": stages, "memory": memory, "naive": naive, "lerobot": lerobot,
@@ -365,6 +474,19 @@ def table(result: dict) -> str:
     if m["cuda_peak_mib"] is not None:
         mem += f", CUDA peak {m['cuda_peak_mib']:.0f} MiB"
     lines.append(mem)
+    held = f"weights held {m['weights_mib'] / 1024:.2f} GiB + oneDNN-packed copies {m['packed_mib'] / 1024:.2f} GiB"
+    est = m.get("estimate")
+    if est:
+        held += (f" (estimated {est['weights_gib']:.2f} + {est['packed_gib']:.2f} GiB; "
+                 f"estimated host peak {est['host_peak_gib']:.1f} GiB)")
+    lines.append(held)
+    saved = c.get("checkpoint")
+    if saved:
+        lines.append(f"random checkpoint: {saved['params_in_file'] / 1e6:.1f} M params in the file, {saved['dtype']}, "
+                     f"{saved['file_bytes'] / 2**30:.2f} GiB; build + init {saved['build_s']:.1f} s, "
+                     f"save {saved['save_s']:.1f} s; load_policy {c['load_s']:.1f} s")
+    else:
+        lines.append(f"load_policy {c['load_s']:.1f} s")
     n = result["naive"]
     if n:
         lines.append(f"naive path (prefix every step): {n['naive']['median_ms']:.1f} ms vs cached "
@@ -385,19 +507,26 @@ def table(result: dict) -> str:
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vla-policy-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("config", nargs="?", default="tiny", choices=sorted(checkpoints.CONFIGS),
+    p.add_argument("config", nargs="?", default="tiny", choices=checkpoints.CONFIG_NAMES,
                    help="random-weight configuration at real dimensions (ignored with --checkpoint)")
     p.add_argument("--checkpoint", type=Path, help="benchmark this LeRobot checkpoint folder instead")
     p.add_argument("--cameras", type=int, default=1, help="1..3 (named configurations)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="run dtype; pi0's random checkpoint is also saved in it")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--naive-iters", type=int, default=3, help="cached/naive pairs (0 skips the naive ratio)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay the prefix pass and the denoising loop as CUDA graphs (CUDA only)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the prefix pass and the denoising loop (compiled during the warm-up)")
     p.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot comparison")
+    p.add_argument("--no-pack", action="store_true",
+                   help="CPU: keep no oneDNN-packed weight copies (half the memory, slower float32 matmuls)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="run even when the RAM estimate exceeds MemAvailable")
     p.add_argument("--dds", action="store_true",
                    help="measure the installed node over DDS on localhost instead: frame published -> command received")
     p.add_argument("--control-rate", type=float, default=500.0, help="--dds: the node's control_rate_hz")
@@ -413,14 +542,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    estimate, saved = None, None
+    if not args.checkpoint:
+        estimate = checkpoints.memory_estimate(args.config, args.cameras, args.dtype, args.device, not args.no_pack)
+        progress(f"{args.config}: about {estimate.host_peak / 2**30:.1f} GiB of RAM at the peak, "
+                 f"{available_memory_bytes() / 2**30:.1f} GiB available")
+        problem = None if args.no_memory_check else memory_check(estimate, args)
+        if problem:
+            print(f"vla-policy-bench: not run: {problem}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="vla-policy-bench-") as tmp:
         work = Path(tmp)
         if args.checkpoint:
             folder = args.checkpoint.resolve()
         else:
             progress(f"writing a random-weight {args.config} checkpoint ({args.cameras} camera(s))")
-            folder = checkpoints.save_random_checkpoint(work / "checkpoint", args.config, args.cameras, args.seed)
-        result = run_dds(args, folder) if args.dds else run(args, folder, work)
+            saved = {}
+            folder = checkpoints.save_random_checkpoint(work / "checkpoint", args.config, args.cameras, args.seed,
+                                                        args.dtype, saved)
+            progress(f"checkpoint written: build + init {saved['build_s']:.1f} s, save {saved['save_s']:.1f} s, "
+                     f"{saved['file_bytes'] / 2**30:.2f} GiB")
+        result = run_dds(args, folder) if args.dds else run(args, folder, work, saved, estimate)
     print(dds_table(result) if args.dds else table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -103,18 +103,35 @@ def _fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Optional[Tensor]]:
     return weight, bias
 
 
-def pack_linears(model: nn.Module) -> nn.Module:
-    """oneDNN-packed weights for every CPU linear and fused projection (see ``packed_linear``); call last."""
+def packing_targets(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
+    """
+    List ``(module, attribute of the packed copy, weight)`` for every weight the model multiplies by.
+
+    A fused projection replaces the linears it covers: only the fused weight is
+    listed, as only it runs (the covered linears stay for the state dict).
+    """
+    targets: list[tuple[nn.Module, str, Tensor]] = []
+    covered: set[int] = set()
     for module in model.modules():
-        if type(module) is nn.Linear:
-            packed = packed_linear.pack(module.weight)
-            if packed is not None:
-                module.__class__ = packed_linear.PackedLinear
-                module.packed = packed
-        elif isinstance(module, GatedMLP) and module.gate_up_weight is not None:
-            module.gate_up_packed = packed_linear.pack(module.gate_up_weight)
+        if isinstance(module, GatedMLP) and module.gate_up_weight is not None:
+            targets.append((module, "gate_up_packed", module.gate_up_weight))
+            covered |= {id(module.gate_proj), id(module.up_proj)}
         elif isinstance(module, AttentionProjections) and module.qkv_weight is not None:
-            module.qkv_packed = packed_linear.pack(module.qkv_weight)
+            targets.append((module, "qkv_packed", module.qkv_weight))
+            covered |= {id(module.q_proj), id(module.k_proj), id(module.v_proj)}
+    targets += [(m, "packed", m.weight) for m in model.modules() if type(m) is nn.Linear and id(m) not in covered]
+    return targets
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """oneDNN-packed weights for every CPU matmul the model runs (see ``packed_linear``); call last."""
+    for module, attr, weight in packing_targets(model):
+        packed = packed_linear.pack(weight)
+        if packed is None:
+            continue
+        if attr == "packed":
+            module.__class__ = packed_linear.PackedLinear
+        setattr(module, attr, packed)
     return model
 
 

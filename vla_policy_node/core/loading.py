@@ -32,8 +32,13 @@ PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"   # LeRobot's default for pi0
 
 def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
                 allowed_roots: Sequence[str | Path] = (), attention_backend: str = "sdpa",
-                seed: int = 0) -> Policy:
-    """Load a LeRobot (or openpi) checkpoint folder; the family is read from its config."""
+                seed: int = 0, pack_weights: bool = True) -> Policy:
+    """
+    Load a LeRobot (or openpi) checkpoint folder; the family is read from its config.
+
+    ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights: half the
+    memory, slower matmuls (see ``packed_linear``).
+    """
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))
     family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
@@ -44,13 +49,14 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
-    policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed)
+    policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
+                              pack_weights)
     log.info("loaded %s", policy.describe())
     return policy
 
 
 def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
-             seed: int) -> Policy:
+             seed: int, pack_weights: bool) -> Policy:
     vlm_name = ckpt.config_value(config, "vlm_model_name", str, "", "config.json")
     vlm_dir = ckpt.inside(folder, vlm_name)
     if (vlm_dir / "config.json").is_file():
@@ -77,10 +83,11 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
         padding=ckpt.config_value(tok_cfg, "padding", str, cfg.pad_language_to, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
     return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed)
+                  cfg.num_steps, device, seed, pack_weights)
 
 
-def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int) -> Policy:
+def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
+        pack_weights: bool) -> Policy:
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
     tiny_path = ckpt.inside(folder, "tiny_dims.json")
     tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
@@ -125,7 +132,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
         state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
     return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed)
+                  cfg.num_steps, device, seed, pack_weights)
 
 
 def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,

@@ -30,10 +30,14 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def worth_packing(weight: Tensor) -> bool:
+    """Whether ``pack`` packs this weight on the CPU: a dtype oneDNN takes, and large enough to pay."""
+    return weight.dtype in PACKED_DTYPES and weight.numel() >= MIN_ELEMENTS and available()
+
+
 def pack(weight: Tensor) -> Optional[Tensor]:
     """oneDNN-packed copy of a (out, in) CPU weight, or None where packing does not apply or pay."""
-    if (weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES or weight.numel() < MIN_ELEMENTS
-            or not available()):
+    if weight.device.type != "cpu" or not worth_packing(weight):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), BATCH_HINT)
 

@@ -44,9 +44,12 @@ class Policy:
     """A loaded VLA policy: what the node, the benchmark and the tests drive."""
 
     def __init__(self, family: str, model: nn.Module, preprocessor: Preprocessor, action_normalizer: Normalizer,
-                 action_dim: int, num_steps: int, device: torch.device, seed: int = 0) -> None:
+                 action_dim: int, num_steps: int, device: torch.device, seed: int = 0,
+                 pack_weights: bool = True) -> None:
         self.family = family
-        self.model = pack_linears(fuse_projections(model))   # fewer, faster matmuls; the weights are final here
+        self.model = fuse_projections(model)                 # fewer matmuls; the weights are final here
+        if pack_weights:                                     # faster CPU matmuls, for a second copy of the weights
+            pack_linears(self.model)
         self.preprocessor = preprocessor
         self.action_normalizer = action_normalizer
         self.action_dim = action_dim
@@ -125,4 +128,5 @@ class Policy:
         nbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return (f"{self.family} policy: {n / 1e6:.2f} M parameters, {nbytes / 2**20:.1f} MiB of weights, "
                 f"{len(self.camera_names)} cameras, state {self.state_dim}, action {self.action_dim}, "
-                f"chunk {self.chunk_size}, {self.num_steps} steps, {self.device} {str(self.dtype)[6:]}")
+                f"chunk {self.chunk_size}, {self.num_steps} steps, {self.device} "
+                f"{str(getattr(self.model, 'dtype', self.dtype))[6:]}")

@@ -163,11 +163,7 @@ class PolicyRuntime:
             t1 = time.perf_counter()
             actions = graphs.replay_denoise(noise)
             self._sync()
-        self.stats.record("prefix", t1 - t0)
-        self.stats.record("denoise", time.perf_counter() - t1)
-        self.stats.prefix_passes += 1
-        self.stats.denoise_steps += self.num_steps
-        self.stats.control_steps += 1
+        self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
         return actions
 
     def _sample_compiled(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
@@ -187,12 +183,16 @@ class PolicyRuntime:
             actions = fns.denoise(noise.to(self.device, torch.float32), keys, values, pad, extras)
             self.cache.verify_unchanged()
             self._sync()
-        self.stats.record("prefix", t1 - t0)
-        self.stats.record("denoise", time.perf_counter() - t1)
+        self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
+        return actions
+
+    def _count_whole_loop(self, prefix_s: float, denoise_s: float) -> None:
+        """Record a control step whose denoising loop ran as one piece (a graph replay or compiled code)."""
+        self.stats.record("prefix", prefix_s)
+        self.stats.record("denoise", denoise_s)
         self.stats.prefix_passes += 1
         self.stats.denoise_steps += self.num_steps
         self.stats.control_steps += 1
-        return actions
 
     def reset(self) -> None:
         """Episode boundary: no prefix may outlive its episode."""
