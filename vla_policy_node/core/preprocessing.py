@@ -7,7 +7,7 @@ No augmentation and no guessing of channel layout: frames are uint8 RGB
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -74,6 +74,7 @@ class Preprocessor:
     max_state_dim: int
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
     empty_cameras: int = 0                  # extra all-masked cameras after the real ones
+    _last_tokens: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def __call__(self, observation: Mapping) -> ModelInputs:
         images, batch = self._images(observation.get("images"))
@@ -85,7 +86,7 @@ class Preprocessor:
         if not np.all(np.isfinite(padded)):
             raise ValueError("state overflows float32 once normalized")
         prompts = [self.prompt(t, padded[i]) for i, t in enumerate(tasks)]
-        ids, mask = self.tokenizer(prompts, self.max_length, self.padding)
+        ids, mask = self._tokenize(prompts)
         return ModelInputs(
             images=[im for im, _ in images],
             image_masks=[m for _, m in images],
@@ -93,6 +94,15 @@ class Preprocessor:
             token_mask=torch.from_numpy(mask),
             state=torch.from_numpy(padded) if self.state_in_prefix else None,
         )
+
+    def _tokenize(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize, reusing the last result: the instruction rarely changes within an episode."""
+        key = tuple(prompts)
+        last = self._last_tokens
+        if last is None or last[0] != key:
+            last = self._last_tokens = (key, self.tokenizer(prompts, self.max_length, self.padding))
+        ids, mask = last[1]
+        return ids.copy(), mask.copy()
 
     def _images(self, images: Optional[Mapping]) -> tuple[list[tuple[Tensor, Tensor]], int]:
         if not isinstance(images, Mapping):

@@ -21,7 +21,6 @@ from .flow import VelocityFn, euler_integrate, euler_schedule
 from .prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
 from .types import ModelInputs
 
-OPTS = {"cpp_wrapper": True, "freezing": True}
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
 
 
@@ -288,6 +287,13 @@ class CompiledSample:
     compiler on the CPU (Triton on CUDA).
     """
 
+    # freezing: the weights become constants of the compiled code, packed by the inductor.
+    # cpp_wrapper: the generated code calls its kernels from C++, not from a Python wrapper.
+    # guard_filter_fn: each call checks only the shapes, strides and dtypes of its input
+    # tensors, not every parameter of the model (frozen, so they cannot matter), which on a
+    # cold cache took 0.3 ms per call.
+    OPTIONS = {"freezing": True, "cpp_wrapper": True, "guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+
     def __init__(self, runtime: PolicyRuntime) -> None:
         model, time_cond, dt, num_steps = runtime.model, runtime.time_cond, runtime.dt, runtime.num_steps
 
@@ -302,5 +308,5 @@ class CompiledSample:
             ctx = PrefixContext(FrozenPrefix(keys, values), pad, extras)
             return euler_integrate(lambda x_t, k: model.velocity(x_t, time_cond[k], ctx), noise, dt, num_steps)
 
-        self.prefix = torch.compile(prefix, dynamic=False, options=OPTS)
-        self.denoise = torch.compile(denoise, dynamic=False, options=OPTS)
+        self.prefix = torch.compile(prefix, dynamic=False, options=self.OPTIONS)
+        self.denoise = torch.compile(denoise, dynamic=False, options=self.OPTIONS)
