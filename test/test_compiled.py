@@ -64,7 +64,7 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
     obs["state"] = np.random.default_rng(0).normal(size=tiny.state_dim)
     noise = np.random.default_rng(1).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
     eager = tiny.predict_action_chunk(obs, noise)
-    tiny.runtime.compile = True
+    tiny.runtime.torch_compile = True
     tiny.stats.clear()
     try:
         first = tiny.predict_action_chunk(obs, noise)                  # compiles
@@ -73,15 +73,26 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
         second = tiny.predict_action_chunk(obs, noise)                 # same shapes: the compiled code again
         assert counters["stats"]["unique_graphs"] == graphs
         obs["state"] = obs["state"] - 0.5
-        tiny.runtime.compile = False
+        tiny.runtime.torch_compile = False
         assert np.abs(second - tiny.predict_action_chunk({**obs, "state": obs["state"] + 0.5}, noise)).max() < TOL
     finally:
-        tiny.runtime.compile = False
+        tiny.runtime.torch_compile = False
     assert np.abs(first - eager).max() < TOL
     stats = tiny.stats
     assert stats.prefix_passes == stats.control_steps == 3
     assert stats.denoise_steps == 3 * tiny.num_steps
-    assert tiny.runtime.cache.read_only
+
+
+def test_two_compiled_policies_keep_their_own_weights():
+    """Same shapes, other weights: each runtime's compiled code (weights frozen in) is its own."""
+    policies = [build_tiny_policy(("front",), chunk_size=8, num_steps=2, seed=seed) for seed in (1, 2)]
+    obs = policies[0].dummy_observation()
+    noise = np.random.default_rng(3).standard_normal((1, 8, 32)).astype(np.float32)
+    eager = [p.predict_action_chunk(obs, noise) for p in policies]
+    assert np.abs(eager[0] - eager[1]).max() > 1e-3
+    for policy, want in zip(policies, eager):
+        policy.runtime.torch_compile = True
+        assert np.abs(policy.predict_action_chunk(obs, noise) - want).max() < TOL
 
 
 def test_compiled_runtime_leaves_guided_sampling_eager(tiny):
@@ -89,11 +100,11 @@ def test_compiled_runtime_leaves_guided_sampling_eager(tiny):
     noise = np.random.default_rng(2).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
     rtc = RTCGuidance(prefix=np.full((3, tiny.action_dim), 0.1, np.float32), delay_steps=2, max_guidance_weight=5.0)
     eager = tiny.predict_action_chunk(obs, noise, rtc=rtc)
-    tiny.runtime.compile = True
+    tiny.runtime.torch_compile = True
     try:
         compiled = tiny.predict_action_chunk(obs, noise, rtc=rtc)      # autograd: the eager loop
     finally:
-        tiny.runtime.compile = False
+        tiny.runtime.torch_compile = False
     np.testing.assert_array_equal(compiled, eager)
 
 
@@ -102,7 +113,7 @@ def test_compiled_pi_policies_match_lerobot(reference_dir, family):
     """The compiled prefix pass and loop of pi0 / pi0.5 give LeRobot's chunk (the fixture's expected output)."""
     folder = reference_dir(family)
     policy = load_policy(folder)
-    policy.runtime.compile = True
+    policy.runtime.torch_compile = True
     inputs, raw = fixture_model_inputs(folder, with_state=family == "pi0")
     actions = policy.runtime.sample(inputs, raw["noise"])
     expected = load_file(folder / "expected.safetensors")["x_final_padded"]

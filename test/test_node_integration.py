@@ -284,21 +284,23 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
         assert abs(rate - 100.0) <= 5.0, f'{rate:.1f} commands/s at control_rate_hz 100'
 
 
-@pytest.mark.parametrize('toolchain', ['present', 'missing'])
-def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tmp_path, toolchain):
-    """compile: true compiles before 'ready'; without a C++ compiler the node warns and runs eager."""
+@pytest.mark.parametrize('case', ['compiled', 'no_compiler', 'rtc'])
+def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tmp_path, case):
+    """compile: true compiles before 'ready'; without a C++ compiler, or with rtc blending, the node runs eager."""
+    params = {'compile': True, 'num_threads': 1}
+    if case == 'rtc':
+        params['chunking'] = {'blend': 'rtc'}
     override = tmp_path / 'compiled.yaml'
-    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'compile': True, 'num_threads': 1}}}))
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': params}}))
     env = {}
-    if toolchain == 'missing':     # and an empty compile cache, or a cached build would hide it
+    if case == 'no_compiler':       # and an empty compile cache, or a cached build would hide it
         env = {'CXX': str(tmp_path / 'no-such-compiler'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'inductor')}
     with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe, ready_timeout=240.0,
                          env=env) as (node, probe):
-        if toolchain == 'present':
-            assert 'ready:' in node.output and '(compiled)' in node.output, node.output
-            assert 'compile failed' not in node.output
-        else:
-            assert 'compile failed, running eager' in node.output, node.output
+        expected = {'compiled': '(compiled)', 'no_compiler': 'compile failed, running eager',
+                    'rtc': "compile is off: with chunking.blend 'rtc'"}[case]
+        assert expected in node.output, node.output
+        if case != 'compiled':
             assert '(compiled)' not in node.output
         assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
         assert probe.command_count() > 5

@@ -252,10 +252,18 @@ def test_state_overflowing_once_normalized_is_refused(preprocessor):
 @given(tasks=st.lists(st.sampled_from(["open the drawer", "wave", "stack the blocks\n"]), min_size=1, max_size=6))
 def test_reused_tokens_equal_a_fresh_tokenization(preprocessor, tasks):
     """The last prompt's tokens are reused while the task repeats, and always equal the tokenizer's own."""
+    calls = []
+
+    def counting(prompts, max_length, padding):
+        calls.append(list(prompts))
+        return preprocessor.tokenizer(prompts, max_length, padding)
+    counted = dataclasses.replace(preprocessor, tokenizer=counting)
     for task in tasks:
-        out = preprocessor({**VALID, "task": task})
+        out = counted({**VALID, "task": task})
         ids, mask = preprocessor.tokenizer([preprocessor.prompt(task, None)], preprocessor.max_length,
                                            preprocessor.padding)
         out.tokens[0, 0] = -1                   # the caller owns its copy: the cached result stays intact
-        assert np.array_equal(preprocessor({**VALID, "task": task}).tokens.numpy(), ids)
+        assert np.array_equal(counted({**VALID, "task": task}).tokens.numpy(), ids)
         assert np.array_equal(out.token_mask.numpy(), mask)
+    changes = 1 + sum(a != b for a, b in zip(tasks, tasks[1:]))
+    assert len(calls) == changes                # tokenized once per change of task, not per call

@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vla_policy_node.bench import checkpoints
+from vla_policy_node.core.blocks import packing_targets
 from vla_policy_node.core.checkpoint import CheckpointError, read_safetensors_header
 from vla_policy_node.core.policy import Policy
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
@@ -50,7 +51,6 @@ WORKER = Path(__file__).with_name("lerobot_worker.py")
 TASK = "pick up the red cube and put it in the bin"
 STAGES = ("preprocess", "prefix", "denoise_step", "denoise", "postprocess", "total")
 PI_FAMILIES = ("pi0", "pi05")
-PACKED_ATTRS = ("packed", "gate_up_packed", "qkv_packed")
 
 
 def summarize(seconds: list[float]) -> dict[str, float]:
@@ -119,7 +119,7 @@ def memory_check(estimate: checkpoints.MemoryEstimate, args: argparse.Namespace)
 @contextlib.contextmanager
 def unpacked(model: torch.nn.Module) -> Iterator[None]:
     """Hide the packed weights (the plain ``F.linear`` path runs): ``FlopCounterMode`` does not count oneDNN's."""
-    hidden = [(m, a, getattr(m, a)) for m in model.modules() for a in PACKED_ATTRS if getattr(m, a, None) is not None]
+    hidden = [(m, a, getattr(m, a)) for m, a, _ in packing_targets(model) if getattr(m, a, None) is not None]
     for m, a, _ in hidden:
         setattr(m, a, None)
     try:
@@ -131,7 +131,7 @@ def unpacked(model: torch.nn.Module) -> Iterator[None]:
 
 def tensor_bytes(model: torch.nn.Module) -> dict[str, int]:
     """Bytes of the parameters and of the packed copies actually held."""
-    packed = sum(t.numel() * t.element_size() for m in model.modules() for a in PACKED_ATTRS
+    packed = sum(t.numel() * t.element_size() for m, a, _ in packing_targets(model)
                  if isinstance(t := getattr(m, a, None), torch.Tensor))
     return {"weights": sum(p.numel() * p.element_size() for p in model.parameters()), "packed": packed}
 
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     progress(f"loaded in {load_s:.1f} s: {policy.describe()}")
     held = tensor_bytes(policy.model)
     policy.runtime.cuda_graphs = args.cuda_graphs
-    policy.runtime.compile = args.compile
+    policy.runtime.torch_compile = args.compile
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or policy.preprocessor.image_size
     obs, noise_np = make_observation(policy, frame, args.seed)

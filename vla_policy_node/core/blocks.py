@@ -119,7 +119,7 @@ def packing_targets(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
         elif isinstance(module, AttentionProjections) and module.qkv_weight is not None:
             targets.append((module, "qkv_packed", module.qkv_weight))
             covered |= {id(module.q_proj), id(module.k_proj), id(module.v_proj)}
-    targets += [(m, "packed", m.weight) for m in model.modules() if type(m) is nn.Linear and id(m) not in covered]
+    targets += [(m, "packed", m.weight) for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in covered]
     return targets
 
 
@@ -129,7 +129,7 @@ def pack_linears(model: nn.Module) -> nn.Module:
         packed = packed_linear.pack(weight)
         if packed is None:
             continue
-        if attr == "packed":
+        if type(module) is nn.Linear:
             module.__class__ = packed_linear.PackedLinear
         setattr(module, attr, packed)
     return model
@@ -150,6 +150,7 @@ class AttentionProjections(nn.Module):
                  kv_in_dim: Optional[int] = None, bias: bool = False) -> None:
         super().__init__()
         kv_in = dim if kv_in_dim is None else kv_in_dim
+        self.cross = kv_in_dim is not None      # k/v project another sequence (the cached prefix)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(kv_in, num_kv_heads * head_dim, bias=bias)
@@ -161,7 +162,7 @@ class AttentionProjections(nn.Module):
 
     def fuse(self) -> None:
         """One matmul for q, k and v (self-attention only: cross-attention k/v read another input)."""
-        if self.k_proj.in_features == self.q_proj.in_features:
+        if not self.cross:
             self.qkv_weight, self.qkv_bias = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -36,8 +36,8 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
     """
     Load a LeRobot (or openpi) checkpoint folder; the family is read from its config.
 
-    ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights: half the
-    memory, slower matmuls (see ``packed_linear``).
+    ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights that run
+    (nearly as large as the weights): less memory, slower matmuls (see ``packed_linear``).
     """
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))

@@ -74,7 +74,8 @@ class Preprocessor:
     max_state_dim: int
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
     empty_cameras: int = 0                  # extra all-masked cameras after the real ones
-    _last_tokens: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+    _last_tokens: Optional[tuple[tuple, tuple[np.ndarray, np.ndarray]]] = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __call__(self, observation: Mapping) -> ModelInputs:
         images, batch = self._images(observation.get("images"))
@@ -97,7 +98,7 @@ class Preprocessor:
 
     def _tokenize(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize, reusing the last result: the instruction rarely changes within an episode."""
-        key = tuple(prompts)
+        key = (tuple(prompts), id(self.tokenizer), self.max_length, self.padding)
         last = self._last_tokens
         if last is None or last[0] != key:
             last = self._last_tokens = (key, self.tokenizer(prompts, self.max_length, self.padding))

@@ -73,7 +73,7 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 cuda_graphs: bool = False, compile: bool = False) -> None:
+                 cuda_graphs: bool = False, torch_compile: bool = False) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -84,7 +84,7 @@ class PolicyRuntime:
         self.stats = RuntimeStats()
         self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
-        self.compile = compile                  # torch.compile the prefix pass and the step (CUDA graphs win)
+        self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
         self._compiled: Optional[CompiledSample] = None
 
     @property
@@ -124,7 +124,7 @@ class PolicyRuntime:
         self._check_noise(noise, inputs.batch_size)
         if guide is None and self.cuda_graphs_active:
             return self._sample_graphed(inputs, noise)
-        if guide is None and self.compile:
+        if guide is None and self.torch_compile:
             return self._sample_compiled(inputs, noise)
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
@@ -179,7 +179,8 @@ class PolicyRuntime:
             self.cache.freeze(self.model.num_cache_layers)
             self._sync()
             t1 = time.perf_counter()
-            actions = fns.denoise(noise.to(self.device, torch.float32), keys, values, pad, extras)
+            prefix = self.cache.frozen_view()
+            actions = fns.denoise(noise.to(self.device, torch.float32), prefix.keys, prefix.values, pad, extras)
             self.cache.verify_unchanged()
             self._sync()
         self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
@@ -289,10 +290,7 @@ class CompiledSample:
 
     # freezing: the weights become constants of the compiled code, packed by the inductor.
     # cpp_wrapper: the generated code calls its kernels from C++, not from a Python wrapper.
-    # guard_filter_fn: each call checks only the shapes, strides and dtypes of its input
-    # tensors, not every parameter of the model (frozen, so they cannot matter), which on a
-    # cold cache took 0.3 ms per call.
-    OPTIONS = {"freezing": True, "cpp_wrapper": True, "guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+    OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
     def __init__(self, runtime: PolicyRuntime) -> None:
         model, time_cond, dt, num_steps = runtime.model, runtime.time_cond, runtime.dt, runtime.num_steps
@@ -308,5 +306,7 @@ class CompiledSample:
             ctx = PrefixContext(FrozenPrefix(keys, values), pad, extras)
             return euler_integrate(lambda x_t, k: model.velocity(x_t, time_cond[k], ctx), noise, dt, num_steps)
 
-        self.prefix = torch.compile(prefix, dynamic=False, options=self.OPTIONS)
-        self.denoise = torch.compile(denoise, dynamic=False, options=self.OPTIONS)
+        # Every instance compiles the same inner functions: isolate_recompiles gives each its
+        # own compiled entries (their frozen constants are its model's weights) and budget.
+        self.prefix = torch.compile(prefix, dynamic=False, options=dict(self.OPTIONS), isolate_recompiles=True)
+        self.denoise = torch.compile(denoise, dynamic=False, options=dict(self.OPTIONS), isolate_recompiles=True)

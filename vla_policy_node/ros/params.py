@@ -103,7 +103,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager).'),
     ParamSpec('compile', False, 'Compile the prefix pass and the denoising loop with torch.compile '
               '(inductor) during the warm-up, before the node reports ready. Pays off on the CPU for '
-              'small models; needs a C++ compiler (Triton on CUDA, where cuda_graphs wins). '
+              'small models; needs a C++ compiler (Triton on CUDA, where cuda_graphs wins) and '
+              'max_length prompt padding; off with chunking.blend rtc (guided sampling is eager). '
               'Falls back to eager, with a warning, when compiling fails.'),
     ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
               bounds=(0, 256)),
@@ -197,7 +198,7 @@ class NodeSettings:
     device: str
     dtype: str
     cuda_graphs: bool
-    compile: bool
+    torch_compile: bool
     num_threads: int
     tiny_chunk_size: int
     tiny_num_steps: int
@@ -288,7 +289,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         device=values['device'],
         dtype=values['dtype'],
         cuda_graphs=values['cuda_graphs'],
-        compile=values['compile'],
+        torch_compile=values['compile'],
         num_threads=values['num_threads'],
         tiny_chunk_size=values['tiny_model.chunk_size'],
         tiny_num_steps=values['tiny_model.num_steps'],

@@ -77,20 +77,25 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     policy.runtime.cuda_graphs = settings.cuda_graphs and policy.preprocessor.padding == 'max_length'
     if settings.cuda_graphs and not policy.runtime.cuda_graphs and torch_device.type == 'cuda':
         warn("cuda_graphs is off: the checkpoint pads prompts to the longest, not to max_length")
-    # Compiled code is specialised to the input shapes, so it needs fixed-length prompts too.
-    policy.runtime.compile = settings.compile and policy.preprocessor.padding == 'max_length'
-    if settings.compile and not policy.runtime.compile:
+    # Compiled code is specialised to the input shapes, so it needs fixed-length prompts too;
+    # guided (rtc) sampling needs autograd and always runs eager, so compiling would buy nothing.
+    runtime = policy.runtime
+    if settings.torch_compile and policy.preprocessor.padding != 'max_length':
         warn("compile is off: the checkpoint pads prompts to the longest, not to max_length")
-    elif policy.runtime.compile and policy.runtime.cuda_graphs_active:
+    elif settings.torch_compile and settings.chunking.blend == 'rtc':
+        warn("compile is off: with chunking.blend 'rtc' every chunk but an episode's first is guided (eager)")
+    elif settings.torch_compile and runtime.cuda_graphs_active:
         warn('compile is ignored: on CUDA, cuda_graphs captures the prefix pass and the loop')
+    else:
+        runtime.torch_compile = settings.torch_compile
     try:
         policy.warmup(policy.dummy_observation())
     except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
-        if not policy.runtime.compile or policy.runtime.cuda_graphs_active:
+        if not runtime.torch_compile:
             raise
-        warn(f'compile failed, running eager: {type(error).__name__}: {str(error).splitlines()[0][:300]}')
-        policy.runtime.compile = False
+        reason = (str(error).strip().splitlines() or [''])[0][:300]
+        warn(f'compile failed, running eager: {type(error).__name__}: {reason}')
+        runtime.torch_compile = False
         policy.warmup(policy.dummy_observation())
-    info(f'policy ready: {policy.describe()}'
-         + (' (compiled)' if policy.runtime.compile and not policy.runtime.cuda_graphs_active else ''))
+    info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else ''))
     return policy
