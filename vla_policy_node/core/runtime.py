@@ -8,17 +8,20 @@ never looks inside them, so every family gets the same prefix-once guarantee.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .compiled import CompiledSample, input_signature
 from .flow import VelocityFn, euler_integrate, euler_schedule
-from .prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
+from .prefix_cache import PrefixContext, VLAPrefixCache
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
@@ -85,7 +88,13 @@ class PolicyRuntime:
         self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
         self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
-        self._compiled: Optional[CompiledSample] = None
+        self._compiled: dict[tuple, CompiledSample] = {}
+        self._compiled_dir: Optional[tempfile.TemporaryDirectory] = None
+
+    @property
+    def compiled_signatures(self) -> tuple[tuple, ...]:
+        """Input signatures (shapes, dtypes) the compiled path has compiled for, in order."""
+        return tuple(self._compiled)
 
     @property
     def cuda_graphs_active(self) -> bool:
@@ -151,7 +160,7 @@ class PolicyRuntime:
 
     def _sample_graphed(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
         """``sample`` replayed from CUDA graphs captured at the first call of each input shape (the warm-up)."""
-        key = CudaGraphSample.key(inputs, noise)
+        key = input_signature(inputs, noise)
         with torch.inference_mode():
             if key not in self._graphs:
                 self._graphs[key] = CudaGraphSample(self, inputs, noise)
@@ -166,21 +175,26 @@ class PolicyRuntime:
         return actions
 
     def _sample_compiled(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
-        """``sample`` through the compiled prefix pass and denoising loop; compiled at the first call (warm-up)."""
-        if self._compiled is None:
-            self._compiled = CompiledSample(self)
-        fns = self._compiled
-        with torch.no_grad():          # compiled code traces no_grad; inference-mode tensors it cannot
+        """``sample`` through the compiled prefix pass and loop; compiled at the first call of each signature."""
+        noise = noise.to(self.device, torch.float32)
+        key = input_signature(inputs, noise)
+        with torch.no_grad():
+            if key not in self._compiled:
+                if self._compiled_dir is None:
+                    self._compiled_dir = tempfile.TemporaryDirectory(prefix="vla_policy_aoti_")
+                folder = Path(self._compiled_dir.name) / str(len(self._compiled))
+                self._compiled[key] = CompiledSample(self, inputs, noise, folder)
+            compiled = self._compiled[key]
             t0 = time.perf_counter()
             self.cache.reset()
-            keys, values, pad, extras = fns.prefix(inputs)
+            keys, values, pad, extras = compiled.prefix(*compiled.prefix_args(inputs))
             for i, (k, v) in enumerate(zip(keys, values)):
                 self.cache.update(k, v, i)
             self.cache.freeze(self.model.num_cache_layers)
             self._sync()
             t1 = time.perf_counter()
             prefix = self.cache.frozen_view()
-            actions = fns.denoise(noise.to(self.device, torch.float32), prefix.keys, prefix.values, pad, extras)
+            actions = compiled.denoise(noise, prefix.keys, prefix.values, pad, extras)
             self.cache.verify_unchanged()
             self._sync()
         self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
@@ -249,11 +263,6 @@ class CudaGraphSample:
         with torch.cuda.graph(self.denoise_graph, pool=self.prefix_graph.pool()):
             self.actions = denoise(self.ctx)
 
-    @staticmethod
-    def key(inputs: ModelInputs, noise: Tensor) -> tuple:
-        return (tuple(tuple(im.shape) for im in inputs.images), tuple(inputs.tokens.shape),
-                None if inputs.state is None else tuple(inputs.state.shape), tuple(noise.shape))
-
     def replay_prefix(self, inputs: ModelInputs) -> None:
         for dst, src in zip(self.inputs.images, inputs.images):
             dst.copy_(src)
@@ -270,43 +279,3 @@ class CudaGraphSample:
         self.noise.copy_(noise)
         self.denoise_graph.replay()
         return self.actions.clone()
-
-
-class CompiledSample:
-    """
-    The prefix pass and the whole denoising loop, each compiled once with ``torch.compile`` (inductor).
-
-    On a CPU, where there are no CUDA graphs, this removes what dominates small
-    models: one dispatch and one Python call per op. The inductor fuses the
-    elementwise chains (norms, RoPE, gating, softmax) into generated C++ loops,
-    calls the matmuls directly, and unrolls the fixed number of steps into one
-    graph. Both functions are pure: the prefix pass returns the per-layer K/V
-    (the runtime freezes them in its ``VLAPrefixCache``, which checks them after
-    the loop) and the loop reads them through a ``FrozenPrefix``, which attends
-    without copying the prefix. Shapes are static (``dynamic=False``): a new
-    input shape compiles again, so use it with fixed-length prompts. Needs a C++
-    compiler on the CPU (Triton on CUDA).
-    """
-
-    # freezing: the weights become constants of the compiled code, packed by the inductor.
-    # cpp_wrapper: the generated code calls its kernels from C++, not from a Python wrapper.
-    OPTIONS = {"freezing": True, "cpp_wrapper": True}
-
-    def __init__(self, runtime: PolicyRuntime) -> None:
-        model, time_cond, dt, num_steps = runtime.model, runtime.time_cond, runtime.dt, runtime.num_steps
-
-        def prefix(inputs: ModelInputs) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor, dict]:
-            cache = VLAPrefixCache()
-            ctx = model.encode_prefix(inputs, cache)
-            keys, values = zip(*cache.layers)
-            return keys, values, ctx.pad_mask, ctx.extras
-
-        def denoise(noise: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], pad: Tensor,
-                    extras: dict) -> Tensor:
-            ctx = PrefixContext(FrozenPrefix(keys, values), pad, extras)
-            return euler_integrate(lambda x_t, k: model.velocity(x_t, time_cond[k], ctx), noise, dt, num_steps)
-
-        # Every instance compiles the same inner functions: isolate_recompiles gives each its
-        # own compiled entries (their frozen constants are its model's weights) and budget.
-        self.prefix = torch.compile(prefix, dynamic=False, options=dict(self.OPTIONS), isolate_recompiles=True)
-        self.denoise = torch.compile(denoise, dynamic=False, options=dict(self.OPTIONS), isolate_recompiles=True)
