@@ -521,7 +521,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay the prefix pass and the denoising loop as CUDA graphs (CUDA only)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the prefix pass and the denoising loop (compiled during the warm-up)")
+                   help="compile the prefix pass and the denoising loop ahead of time (AOTInductor, in the warm-up)")
     p.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot comparison")
     p.add_argument("--no-pack", action="store_true",
                    help="CPU: keep no oneDNN-packed weight copies (half the memory, slower float32 matmuls)")

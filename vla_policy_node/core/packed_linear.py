@@ -46,7 +46,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[T
     """
     Compute ``F.linear``, through the packed weight when there is one and no autograd is needed.
 
-    Compiled code takes the plain weight: the inductor packs weights itself (``freezing``).
+    Exported (compiled) code takes the plain weight: the compiler picks its own kernels.
     """
     if (packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled())
             or torch.compiler.is_compiling()):
