@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 
 from vla_policy_node.bench import cli
 
@@ -45,3 +46,15 @@ def test_bench_against_lerobot(tmp_path):
     assert lr["not_in_checkpoint"] == ["model.vlm_with_expert.vlm.lm_head.weight",
                                        "model.vlm_with_expert.vlm.model.text_model.norm.weight"]
     assert r["naive"] is None
+
+
+def test_dds_mode_passes_compile_to_the_node(tmp_path):
+    """--dds --compile measures the node with compile: true, through a params file the node's parser accepts."""
+    from vla_policy_node.bench import dds
+    from vla_policy_node.ros.params import PARAMETERS
+
+    path = tmp_path / "params.yaml"
+    dds.write_params(path, tmp_path, ["front"], "float32", 1, 100.0, compile_policy=True)
+    params = yaml.safe_load(path.read_text())["/**"]["ros__parameters"]
+    assert params["compile"] is True and params["num_threads"] == 1
+    assert "compile" in {spec.name for spec in PARAMETERS}

@@ -433,7 +433,7 @@ def run_dds(args: argparse.Namespace, folder: Path) -> dict:
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or tuple(config["input_features"][cameras[0]]["shape"][1:])
     r = dds.measure(folder, cameras, frame, args.dtype, args.threads, args.control_rate, args.iters, args.warmup,
-                    progress)
+                    progress, args.compile)
     if r.get("available") and r["latencies_s"]:
         r["frame_to_command"] = summarize(r.pop("latencies_s"))
         policy_ms = r["node_total_p50_ms"]
@@ -446,7 +446,8 @@ def run_dds(args: argparse.Namespace, folder: Path) -> dict:
 
 def dds_table(result: dict) -> str:
     c, r = result["config"], result["dds"]
-    head = f"vla-policy-bench --dds: {c['name']}, {c['cameras']} camera(s) {c['camera_frame_hw']}, {c['dtype']}"
+    head = (f"vla-policy-bench --dds: {c['name']}, {c['cameras']} camera(s) {c['camera_frame_hw']}, {c['dtype']}"
+            + (", compiled" if r.get("compile") else ""))
     if "frame_to_command" not in r:
         return f"{head}\nnot measured: {r.get('reason', 'no command received')}"
     f = r["frame_to_command"]

@@ -54,9 +54,10 @@ def ros_env() -> dict[str, str]:
 
 
 def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: str, threads: int,
-                 rate_hz: float) -> None:
+                 rate_hz: float, compile_policy: bool = False) -> None:
     params = {"/**": {"ros__parameters": {
         "checkpoint": str(checkpoint), "device": "cpu", "dtype": dtype, "num_threads": threads,
+        "compile": compile_policy,
         "camera_topics": [f"bench/{c}/image_raw" for c in camera_names], "camera_names": camera_names,
         "joint_names": JOINTS, "instruction_topic": "bench/instruction", "joint_states_topic": "bench/joint_states",
         "command_interface": "forward_command", "command_topic": "bench/commands",
@@ -67,7 +68,7 @@ def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: s
 
 
 def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int], dtype: str, threads: int,
-            rate_hz: float, iters: int, warmup: int, progress) -> dict:
+            rate_hz: float, iters: int, warmup: int, progress, compile_policy: bool = False) -> dict:
     """Frame-to-command latency of the installed node (seconds summarized by the caller)."""
     os.environ.update({k: v for k, v in ros_env().items() if k.startswith(("ROS_", "FASTDDS_"))})
     import rclpy
@@ -83,7 +84,8 @@ def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int]
         return {"available": False, "reason": f"{node_exe} not installed (make install)"}
     work = Path(tempfile.mkdtemp(prefix="vla-bench-dds-"))
     params = work / "params.yaml"
-    write_params(params, checkpoint, [c.split(".")[-1] for c in camera_names], dtype, threads, rate_hz)
+    write_params(params, checkpoint, [c.split(".")[-1] for c in camera_names], dtype, threads, rate_hz,
+                 compile_policy)
     log = open(work / "node.log", "w")
     proc = subprocess.Popen([str(node_exe), "--ros-args", "--params-file", str(params)], env=ros_env(),
                             stdout=log, stderr=subprocess.STDOUT)
@@ -153,6 +155,6 @@ def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int]
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-    return {"available": True, "domain_id": DOMAIN_ID, "control_rate_hz": rate_hz,
+    return {"available": True, "domain_id": DOMAIN_ID, "control_rate_hz": rate_hz, "compile": compile_policy,
             "frames_without_command_within_a_period": lost,
             "latencies_s": latencies, "node_total_p50_ms": state["total_p50_ms"], "log": str(work / "node.log")}
