@@ -18,7 +18,8 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @given(encoding=st.sampled_from(ENCODINGS), height=st.integers(0, 40), width=st.integers(0, 40),
        step_pad=st.integers(-5, 8), length_delta=st.integers(-7, 7), is_bigendian=st.integers(0, 1))
 def test_any_image_converts_or_is_refused(encoding, height, width, step_pad, length_delta, is_bigendian):
-    channels = {'rgb8': 3, 'bgr8': 3, 'rgba8': 4, 'bgra8': 4, 'mono8': 1}.get(encoding, 2)
+    # Encodings are matched case-insensitively ('RGB8' is rgb8); anything else must be refused.
+    channels = {'rgb8': 3, 'bgr8': 3, 'rgba8': 4, 'bgra8': 4, 'mono8': 1}.get(encoding.lower(), 2)
     step = max(0, width * channels + step_pad)
     size = max(0, step * height + length_delta)
     msg = Image(height=height, width=width, encoding=encoding, step=step, is_bigendian=is_bigendian,
@@ -28,7 +29,7 @@ def test_any_image_converts_or_is_refused(encoding, height, width, step_pad, len
     except ConversionError as error:
         assert str(error)
         return
-    assert encoding in ('rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8')
+    assert encoding.lower() in ('rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8')
     assert rgb.dtype == np.uint8 and rgb.shape == (height, width, 3) and height > 0 and width > 0
     assert step >= width * channels and size == step * height
 
@@ -85,3 +86,8 @@ def test_megabyte_instruction_is_refused_quickly():
         assert '2000' in str(error)
     else:
         raise AssertionError('a 4 MB instruction was accepted')
+
+
+def test_upper_case_encoding_is_read_as_its_lower_case_name():
+    upper = Image(height=1, width=1, encoding='RGB8', step=3, data=bytes([1, 2, 3]))
+    np.testing.assert_array_equal(image_to_rgb(upper)[0], [[1, 2, 3]])
