@@ -1,4 +1,4 @@
-"""The compiled path (``torch.compile`` of the prefix pass and the denoising loop) keeps the eager path's actions."""
+"""The compiled path (prefix pass and denoising loop compiled ahead of time) keeps the eager path's actions."""
 
 from conftest import fixture_model_inputs, max_diff
 import numpy as np
@@ -8,6 +8,7 @@ import torch
 
 from vla_policy_node.core.attention import additive_mask, attention, attention_split
 from vla_policy_node.core.chunking import RTCGuidance
+from vla_policy_node.core.compiled import aot_compile
 from vla_policy_node.core.loading import load_policy
 from vla_policy_node.core.prefix_cache import ReadOnlyCacheError, VLAPrefixCache
 from vla_policy_node.models import build_tiny_policy
@@ -53,9 +54,18 @@ def test_frozen_view_attends_like_the_cache_and_copies_nothing():
     cache.verify_unchanged()
 
 
+def test_a_program_that_writes_its_inputs_is_refused_before_compiling():
+    class WritesItsInput(torch.nn.Module):
+        def forward(self, x):
+            x.add_(1.0)
+            return x * 2.0
+    with torch.no_grad(), pytest.raises(RuntimeError, match="writes its inputs"):
+        aot_compile(WritesItsInput(), (torch.zeros(3),), torch.device("cpu"))
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    return build_tiny_policy(("front",), chunk_size=8, num_steps=3)
+    return build_tiny_policy(("front",), chunk_size=8, num_steps=2)
 
 
 def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
@@ -83,7 +93,7 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
 
 def test_two_compiled_policies_keep_their_own_weights(tiny):
     """Same shapes, other weights: each runtime's compiled code (weights built in) is its own."""
-    policies = [tiny, build_tiny_policy(("front",), chunk_size=8, num_steps=3, seed=1)]
+    policies = [tiny, build_tiny_policy(("front",), chunk_size=8, num_steps=2, seed=1)]
     obs = tiny.dummy_observation()
     noise = np.random.default_rng(3).standard_normal((1, 8, 32)).astype(np.float32)
     eager = [p.predict_action_chunk(obs, noise) for p in policies]
@@ -124,6 +134,27 @@ def test_compiled_runtime_leaves_guided_sampling_eager(tiny):
     finally:
         tiny.runtime.torch_compile = False
     np.testing.assert_array_equal(compiled, eager)
+
+
+def test_after_the_warm_up_a_new_shape_runs_eager_instead_of_compiling(tiny):
+    """The node never compiles mid-control: a shape the warm-up did not see takes the eager path."""
+    tiny.runtime.torch_compile = True
+    try:
+        tiny.warmup(tiny.dummy_observation(), iterations=1)
+        seen = len(tiny.runtime.compiled_signatures)
+        frame = np.random.default_rng(6).integers(0, 256, (48, 64, 3), dtype=np.uint8)   # a camera's own size
+        obs = {"images": {"front": frame}, "state": np.zeros(tiny.state_dim), "task": "wave"}
+        noise = np.random.default_rng(7).standard_normal((1, 8, 32)).astype(np.float32)
+        compiled = tiny.predict_action_chunk(obs, noise)
+        batch = {"images": {"front": np.stack([frame] * 3)}, "state": np.zeros((3, tiny.state_dim)),
+                 "task": ["wave"] * 3}
+        three = tiny.predict_action_chunk(batch, np.concatenate([noise] * 3))
+        assert len(tiny.runtime.compiled_signatures) == seen     # nothing compiled after the warm-up
+    finally:
+        tiny.runtime.torch_compile = False
+        tiny.runtime.compile_new_signatures = True
+    np.testing.assert_allclose(compiled, tiny.predict_action_chunk(obs, noise), atol=TOL)
+    np.testing.assert_allclose(three, tiny.predict_action_chunk(batch, np.concatenate([noise] * 3)), atol=TOL)
 
 
 @pytest.mark.parametrize("family", ["pi0", "pi05"])

@@ -7,6 +7,7 @@ parameter), on any device; on CUDA the captured graphs of ``runtime`` win.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -18,13 +19,13 @@ from .prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
 from .types import ModelInputs
 
 if TYPE_CHECKING:
-    from .runtime import FlowMatchingVLA, PolicyRuntime
+    from .runtime import FlowMatchingVLA
 
 
 def input_signature(inputs: ModelInputs, noise: Tensor) -> tuple:
-    """Shapes and dtypes of everything a captured or compiled sample was specialised to."""
+    """Shape, dtype and device of every input a captured or compiled sample was specialised to."""
     tensors = [*inputs.images, *inputs.image_masks, inputs.tokens, inputs.token_mask, inputs.state, noise]
-    return tuple(None if t is None else (tuple(t.shape), t.dtype) for t in tensors)
+    return tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in tensors)
 
 
 class PrefixPass(nn.Module):
@@ -45,10 +46,10 @@ class PrefixPass(nn.Module):
 class DenoisingLoop(nn.Module):
     """All Euler steps against a ``FrozenPrefix``: attends to the prefix without copying or writing it."""
 
-    def __init__(self, runtime: PolicyRuntime) -> None:
+    def __init__(self, model: FlowMatchingVLA, time_cond: list[Tensor], dt: Tensor, num_steps: int) -> None:
         super().__init__()
-        self.model = runtime.model
-        self.time_cond, self.dt, self.num_steps = runtime.time_cond, runtime.dt, runtime.num_steps
+        self.model = model
+        self.time_cond, self.dt, self.num_steps = time_cond, dt, num_steps
 
     def forward(self, noise: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], pad: Tensor,
                 extras: dict) -> Tensor:
@@ -66,26 +67,44 @@ class CompiledSample:
     (``torch.export``) and compiled by AOTInductor into a shared library: the
     elementwise chains (norms, RoPE, gating, softmax) become fused C++ loops,
     the matmuls direct library calls, the fixed number of steps one unrolled
-    program, and a call costs no Python and no guard checks. The runtime still
-    freezes the returned K/V in its ``VLAPrefixCache`` and checks them after the
-    loop. A compiled library checks nothing about its inputs, so the runtime
-    keys each one by ``input_signature``. Needs a C++ compiler at run time.
+    program; a call costs one thin Python wrapper (about 50 µs) and no guard
+    checks. What the libraries were built from is fixed in them: the weights,
+    the time schedule and number of steps, the attention backend. Export
+    proves the programs write none of their inputs (``aot_compile`` refuses
+    one that would), so the prefix K/V the loop reads stay as the prefix pass
+    left them. A library does not check its inputs, so the runtime keys each
+    one by ``input_signature``. Needs a C++ compiler and Python headers.
     """
 
-    def __init__(self, runtime: PolicyRuntime, inputs: ModelInputs, noise: Tensor, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.prefix = aot_compile(PrefixPass(runtime.model), self.prefix_args(inputs), folder / "prefix.pt2")
+    def __init__(self, model: FlowMatchingVLA, time_cond: list[Tensor], dt: Tensor, num_steps: int,
+                 inputs: ModelInputs, noise: Tensor, device: torch.device) -> None:
+        self.prefix: Callable = aot_compile(PrefixPass(model), self.prefix_args(inputs), device)
         keys, values, pad, extras = self.prefix(*self.prefix_args(inputs))
-        self.denoise = aot_compile(DenoisingLoop(runtime), (noise, keys, values, pad, extras),
-                                   folder / "denoise.pt2")
+        self.denoise: Callable = aot_compile(DenoisingLoop(model, time_cond, dt, num_steps),
+                                             (noise, keys, values, pad, extras), device)
 
     @staticmethod
     def prefix_args(inputs: ModelInputs) -> tuple:
-        return list(inputs.images), list(inputs.image_masks), inputs.tokens, inputs.token_mask, inputs.state
+        """Return the ``PrefixPass`` arguments, contiguous (a library assumes the strides it was built for)."""
+        def dense(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.contiguous()
+        return ([dense(im) for im in inputs.images], [dense(m) for m in inputs.image_masks], dense(inputs.tokens),
+                dense(inputs.token_mask), dense(inputs.state))
 
 
-def aot_compile(module: nn.Module, args: tuple, package: Path) -> Callable:
-    """Export ``module`` for ``args`` (static shapes) and compile it with AOTInductor; returns the loaded program."""
-    program = torch.export.export(module, args, strict=False)
-    path = torch._inductor.aoti_compile_and_package(program, package_path=str(package))
-    return torch._inductor.aoti_load_package(path)
+def aot_compile(module: nn.Module, args: tuple, device: torch.device) -> Callable:
+    """
+    Export ``module`` for ``args`` (static shapes), compile it with AOTInductor and load it.
+
+    Refuses a program that writes any of its inputs or buffers: the prefix it
+    reads must stay read-only. The package is written to a temporary folder
+    that is gone once the library is loaded.
+    """
+    program = torch.export.export(module, args, strict=False).run_decompositions()   # functional: writes listed
+    signature = program.graph_signature
+    if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
+        raise RuntimeError(f"{type(module).__name__} writes its inputs or buffers; refusing to compile it")
+    with tempfile.TemporaryDirectory(prefix="vla_policy_aoti_") as folder:
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(folder) / "program.pt2"))
+        index = device.index if device.type == "cuda" and device.index is not None else -1
+        return torch._inductor.aoti_load_package(path, device_index=index)

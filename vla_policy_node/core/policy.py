@@ -114,6 +114,7 @@ class Policy:
         """
         for _ in range(iterations):
             self.predict_action_chunk(observation)
+        self.runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
         self.runtime.cache.reset()
         self.stats.clear()
 

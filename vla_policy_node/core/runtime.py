@@ -8,11 +8,9 @@ never looks inside them, so every family gets the same prefix-once guarantee.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 import numpy as np
@@ -88,8 +86,8 @@ class PolicyRuntime:
         self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
         self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
+        self.compile_new_signatures = True      # False after the warm-up: a new input shape runs eager
         self._compiled: dict[tuple, CompiledSample] = {}
-        self._compiled_dir: Optional[tempfile.TemporaryDirectory] = None
 
     @property
     def compiled_signatures(self) -> tuple[tuple, ...]:
@@ -134,7 +132,9 @@ class PolicyRuntime:
         if guide is None and self.cuda_graphs_active:
             return self._sample_graphed(inputs, noise)
         if guide is None and self.torch_compile:
-            return self._sample_compiled(inputs, noise)
+            key = input_signature(inputs, noise.to(self.device, torch.float32))
+            if key in self._compiled or self.compile_new_signatures:
+                return self._sample_compiled(inputs, noise, key)
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
             ctx = self.encode(inputs)
@@ -174,16 +174,13 @@ class PolicyRuntime:
         self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
         return actions
 
-    def _sample_compiled(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
-        """``sample`` through the compiled prefix pass and loop; compiled at the first call of each signature."""
-        noise = noise.to(self.device, torch.float32)
-        key = input_signature(inputs, noise)
+    def _sample_compiled(self, inputs: ModelInputs, noise: Tensor, key: tuple) -> Tensor:
+        """``sample`` through the compiled prefix pass and loop of this input signature (compiled at its first call)."""
+        noise = noise.to(self.device, torch.float32).contiguous()
         with torch.no_grad():
             if key not in self._compiled:
-                if self._compiled_dir is None:
-                    self._compiled_dir = tempfile.TemporaryDirectory(prefix="vla_policy_aoti_")
-                folder = Path(self._compiled_dir.name) / str(len(self._compiled))
-                self._compiled[key] = CompiledSample(self, inputs, noise, folder)
+                self._compiled[key] = CompiledSample(self.model, self.time_cond, self.dt, self.num_steps,
+                                                     inputs, noise, self.device)
             compiled = self._compiled[key]
             t0 = time.perf_counter()
             self.cache.reset()
@@ -195,7 +192,6 @@ class PolicyRuntime:
             t1 = time.perf_counter()
             prefix = self.cache.frozen_view()
             actions = compiled.denoise(noise, prefix.keys, prefix.values, pad, extras)
-            self.cache.verify_unchanged()
             self._sync()
         self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
         return actions

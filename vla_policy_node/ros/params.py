@@ -103,7 +103,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager).'),
     ParamSpec('compile', False, 'Compile the prefix pass and the denoising loop ahead of time '
               '(torch.export + AOTInductor) during the warm-up, before the node reports ready. '
-              'Pays off on the CPU for small models; needs a C++ compiler (on CUDA, cuda_graphs wins) and '
+              'Pays off on the CPU for small models; needs a C++ compiler and Python headers (on CUDA, '
+              'cuda_graphs wins) and '
               'max_length prompt padding; off with chunking.blend rtc (guided sampling is eager). '
               'Falls back to eager, with a warning, when compiling fails.'),
     ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
