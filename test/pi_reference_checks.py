@@ -6,11 +6,20 @@ from conftest import fixture_model_inputs, max_diff
 from safetensors.torch import load_file
 import torch
 
+from vla_policy_node.core.families.paligemma import PiConfig
 from vla_policy_node.core.flow import euler_integrate
 from vla_policy_node.core.runtime import PolicyRuntime
+from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
 CPU = torch.device("cpu")
+
+
+def load_reference_model(model_cls, rules, folder: Path, backend: str = "eager"):
+    """Build a pi0 / pi0.5 network from a fixture's config and load its weights by the family's key rules."""
+    model = model_cls(PiConfig.from_dir(folder), attention_backend=backend).eval()
+    load_weights(model, folder / "model.safetensors", prefix_key_map(rules))
+    return model
 
 
 def check_matches_fixture(model, folder: Path, backend: str, with_state: bool) -> None:

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from conftest import fixture_model_inputs, max_diff
-from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen
+from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model
 
 from vla_policy_node.core.blocks import AdaRMSNorm
 from vla_policy_node.core.families.paligemma import PiConfig, prepare_image
@@ -20,16 +20,13 @@ from vla_policy_node.core.families.pi05 import Pi05, discretize_state, key_rules
 from vla_policy_node.core.precision import cast_model
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.types import ModelInputs
-from vla_policy_node.core.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
 CPU = torch.device("cpu")
 
 
 def load_pi05(folder: Path, backend: str = "eager") -> Pi05:
-    model = Pi05(PiConfig.from_dir(folder), attention_backend=backend).eval()
-    load_weights(model, folder / "model.safetensors", prefix_key_map(key_rules()))
-    return model
+    return load_reference_model(Pi05, key_rules(), folder, backend)
 
 
 def model_inputs(folder: Path) -> tuple[ModelInputs, dict[str, torch.Tensor]]:

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import fixture_model_inputs, max_diff
-from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen
+from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model
 
 from vla_policy_node.core.attention import additive_mask, make_att_2d_masks
 from vla_policy_node.core.blocks import DecoderLayer
@@ -29,9 +29,7 @@ CPU = torch.device("cpu")
 
 
 def load_pi0(folder: Path, backend: str = "eager") -> Pi0:
-    model = Pi0(PiConfig.from_dir(folder), attention_backend=backend).eval()
-    load_weights(model, folder / "model.safetensors", prefix_key_map(key_rules()))
-    return model
+    return load_reference_model(Pi0, key_rules(), folder, backend)
 
 
 def model_inputs(folder: Path) -> tuple[ModelInputs, dict[str, torch.Tensor]]:

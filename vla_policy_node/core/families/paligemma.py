@@ -257,6 +257,39 @@ class GemmaExpert(nn.Module):
         return out
 
 
+class PaliGemmaFlowModel(nn.Module):
+    """
+    What pi0 and pi0.5 share: the PaliGemma prefix, the Gemma expert, the suffix's mask and RoPE.
+
+    ``suffix_ar`` is the suffix's own ar-mask: [1, 1, 0, ...] for pi0 (state token first),
+    [1, 0, ...] for pi0.5. It lives on the model's device, so building the mask copies
+    nothing from the host (illegal inside a CUDA-graph capture).
+    """
+
+    def __init__(self, config: PiConfig, attention_backend: str, suffix_ar: list[int], adaptive_norm: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.backend = attention_backend
+        self.chunk_size = config.chunk_size
+        self.max_action_dim = config.max_action_dim
+        self.num_cache_layers = config.backbone.vlm.depth
+        self.vlm = PaliGemma(config.backbone)
+        self.expert = GemmaExpert(config.backbone.expert.spec(adaptive_norm=adaptive_norm))
+        self.register_buffer("suffix_ar", torch.tensor(suffix_ar), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vlm.dtype
+
+    def encode_vlm(self, inputs: ModelInputs, cache: VLAPrefixCache) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """Run the VLM once over the prefix, filling ``cache``; return its pad mask and the suffix's mask and RoPE."""
+        embs, pad = self.vlm.embed_prefix(inputs, self.backend)
+        self.vlm(embs, pad, cache, self.backend)
+        spec = self.expert.spec
+        mask, rope = suffix_attention(pad, self.suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        return pad, mask, rope
+
+
 def suffix_attention(prefix_pad: Tensor, suffix_ar: Tensor, head_dim: int, rope_base: float,
                      dtype: torch.dtype) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """

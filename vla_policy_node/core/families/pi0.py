@@ -24,8 +24,7 @@ from torch import Tensor, nn
 from ..blocks import sinusoidal_time_embedding
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
-from .paligemma import (BACKBONE_FLOAT32, GemmaExpert, PaliGemma, PiConfig, backbone_key_rules,
-                        suffix_attention)
+from .paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
 
 FAMILY = "pi0"
 Pi0Config = PiConfig
@@ -36,40 +35,24 @@ def pi0_prompt(task: str) -> str:
     return task if task.endswith("\n") else task + "\n"
 
 
-class Pi0(nn.Module):
+class Pi0(PaliGemmaFlowModel):
     """pi0 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
 
     FLOAT32_MODULES = BACKBONE_FLOAT32 + ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp")
 
     def __init__(self, config: PiConfig, attention_backend: str = "sdpa") -> None:
-        super().__init__()
-        self.config = config
-        self.backend = attention_backend
-        self.chunk_size = config.chunk_size
-        self.max_action_dim = config.max_action_dim
-        self.num_cache_layers = config.backbone.vlm.depth
+        super().__init__(config, attention_backend, [1, 1] + [0] * (config.chunk_size - 1), adaptive_norm=False)
         width = config.backbone.expert.width
-        self.vlm = PaliGemma(config.backbone)
-        self.expert = GemmaExpert(config.backbone.expert.spec())
         self.state_proj = nn.Linear(config.max_state_dim, width)
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
-        # The suffix's ar-mask lives on the model's device: no host copy inside a CUDA-graph capture.
-        self.register_buffer("suffix_ar", torch.tensor([1, 1] + [0] * (config.chunk_size - 1)), persistent=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.vlm.dtype
 
     def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
         if inputs.state is None:
             raise ValueError("pi0 needs the normalized state (B, max_state_dim): it is the first suffix token")
-        embs, pad = self.vlm.embed_prefix(inputs, self.backend)
-        self.vlm(embs, pad, cache, self.backend)
-        spec = self.expert.spec
-        mask, rope = suffix_attention(pad, self.suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        pad, mask, rope = self.encode_vlm(inputs, cache)
         state_emb = self.state_proj(inputs.state.to(self.state_proj.weight.dtype))[:, None]   # (B, 1, W)
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope, "state_emb": state_emb})
 

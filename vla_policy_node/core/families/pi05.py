@@ -17,15 +17,13 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..blocks import sinusoidal_time_embedding
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
-from .paligemma import (BACKBONE_FLOAT32, GemmaExpert, PaliGemma, PiConfig, backbone_key_rules,
-                        suffix_attention)
+from .paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
 
 FAMILY = "pi05"
 Pi05Config = PiConfig
@@ -54,38 +52,22 @@ def pi05_prompt(task: str, normalized_state: np.ndarray, max_state_dim: int) -> 
     return f"Task: {cleaned}, State: {bins};\nAction: "
 
 
-class Pi05(nn.Module):
+class Pi05(PaliGemmaFlowModel):
     """pi0.5 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
 
     FLOAT32_MODULES = BACKBONE_FLOAT32 + ("action_in_proj", "action_out_proj", "time_mlp")
 
     def __init__(self, config: PiConfig, attention_backend: str = "sdpa") -> None:
-        super().__init__()
-        self.config = config
-        self.backend = attention_backend
-        self.chunk_size = config.chunk_size
-        self.max_action_dim = config.max_action_dim
-        self.num_cache_layers = config.backbone.vlm.depth
+        super().__init__(config, attention_backend, [1] + [0] * (config.chunk_size - 1), adaptive_norm=True)
         width = config.backbone.expert.width
-        self.vlm = PaliGemma(config.backbone)
-        self.expert = GemmaExpert(config.backbone.expert.spec(adaptive_norm=True))
         self.action_in_proj = nn.Linear(config.max_action_dim, width)
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
-        # The suffix's ar-mask lives on the model's device: no host copy inside a CUDA-graph capture.
-        self.register_buffer("suffix_ar", torch.tensor([1] + [0] * (config.chunk_size - 1)), persistent=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.vlm.dtype
 
     def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
         """Run the VLM once; the state is not a token here, it reached the model through the prompt."""
-        embs, pad = self.vlm.embed_prefix(inputs, self.backend)
-        self.vlm(embs, pad, cache, self.backend)
-        spec = self.expert.spec
-        mask, rope = suffix_attention(pad, self.suffix_ar, spec.head_dim, spec.rope_base, self.expert.dtype)
+        pad, mask, rope = self.encode_vlm(inputs, cache)
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope})
 
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
