@@ -15,7 +15,6 @@ from vla_policy_node.ros.conversions import (
     image_to_rgb,
     instruction_text,
     merge_joint_state,
-    missing_joints,
 )
 
 RGB = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
@@ -80,7 +79,7 @@ def test_partial_and_reordered_joint_states_merge_by_name():
     current = np.full(3, np.nan)
     first = merge_joint_state(['c', 'a'], [3.0, 1.0], ORDER, current)
     np.testing.assert_array_equal(first.positions[[0, 2]], [1.0, 3.0])
-    assert missing_joints(first.positions, ORDER) == ['b']
+    assert [name for name, value in zip(ORDER, first.positions) if np.isnan(value)] == ['b']   # not given yet
     np.testing.assert_array_equal(first.updated, [True, False, True])
     second = merge_joint_state(['b', 'gripper_extra'], [2.0, 9.0], ORDER, first.positions)
     np.testing.assert_array_equal(second.positions, [1.0, 2.0, 3.0])

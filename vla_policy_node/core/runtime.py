@@ -132,7 +132,7 @@ class PolicyRuntime:
         if guide is None and self.cuda_graphs_active:
             return self._sample_graphed(inputs, noise)
         if guide is None and self.torch_compile:
-            key = input_signature(inputs, noise.to(self.device, torch.float32))
+            key = input_signature(inputs, noise)
             if key in self._compiled or self.compile_new_signatures:
                 return self._sample_compiled(inputs, noise, key)
         mode = torch.no_grad() if guide is not None else torch.inference_mode()

@@ -126,37 +126,36 @@ class MotionLimits:
         Returns the safe command and how many joints were changed by either limit. Raises
         :class:`SafetyError` on a wrong shape, non-finite input or a non-positive ``dt``.
         """
-        target = check_finite(command, 'command').reshape(-1)
-        start = check_finite(previous, 'previous command').reshape(-1)
-        if target.size != self.num_joints or start.size != self.num_joints:
-            raise SafetyError(
-                f'expected {self.num_joints} joint values, got command {target.size} '
-                f'and previous {start.size}')
-        if not (math.isfinite(dt) and dt > 0.0):
-            raise SafetyError(f'dt must be positive and finite, got {dt}')
-        clipped = np.clip(target, self.lower, self.upper)
-        max_delta = np.minimum(self.max_velocity * dt, self.max_step)
-        step_limited = np.abs(clipped - start) > max_delta
-        safe = np.where(step_limited,
-                        start + np.clip(clipped - start, -max_delta, max_delta), clipped)
-        n_clamped = int(np.count_nonzero(step_limited | (clipped != target)))
-        return safe, n_clamped
+        safe, clamped = self.clamp_sequence(np.reshape(command, (1, -1)), previous, dt, what='command')
+        return safe[0], int(clamped[0])
 
     def clamp_sequence(self, commands: np.ndarray, previous: np.ndarray,
-                       dt: float) -> tuple[np.ndarray, np.ndarray]:
+                       dt: float, what: str = 'commands') -> tuple[np.ndarray, np.ndarray]:
         """
         Clamp commands (T, J) meant for consecutive periods of ``dt``, in order.
 
         The first is limited against ``previous`` and each next one against the safe version
         of the one before, so the whole sequence, not only its first point, stays inside the
         position limits and within one step of its neighbours. Returns the safe commands
-        (T, J) and the number of clamped joints per command (T,).
+        (T, J) and the number of clamped joints per command (T,). Inputs are checked once and
+        the position limits applied to all rows at once; only the step limit, which chains
+        each row to the one before, runs row by row (it runs every control tick).
         """
-        rows = check_finite(commands, 'commands')
-        if rows.ndim != 2:
-            raise SafetyError(f'expected commands of shape (T, J), got {rows.shape}')
-        safe = np.empty_like(rows)
-        clamped = np.zeros(len(rows), dtype=np.int64)
-        for i, row in enumerate(rows):
-            safe[i], clamped[i] = self.clamp(row, previous if i == 0 else safe[i - 1], dt)
+        targets = check_finite(commands, what)
+        start = check_finite(previous, 'previous command').reshape(-1)
+        if targets.ndim != 2 or targets.shape[1] != self.num_joints or start.size != self.num_joints:
+            raise SafetyError(
+                f'expected {self.num_joints} joint values, got {what} of shape {targets.shape} '
+                f'and previous {start.size}')
+        if not (math.isfinite(dt) and dt > 0.0):
+            raise SafetyError(f'dt must be positive and finite, got {dt}')
+        clipped = np.clip(targets, self.lower, self.upper)
+        max_delta = np.minimum(self.max_velocity * dt, self.max_step)
+        safe = np.empty_like(clipped)
+        step_limited = np.empty(clipped.shape, dtype=bool)
+        for i in range(len(clipped)):
+            delta = clipped[i] - start
+            step_limited[i] = np.abs(delta) > max_delta
+            safe[i] = start = np.where(step_limited[i], start + np.clip(delta, -max_delta, max_delta), clipped[i])
+        clamped = np.count_nonzero(step_limited | (clipped != targets), axis=1)
         return safe, clamped

@@ -24,13 +24,14 @@ class ConversionError(ValueError):
     """A message could not be turned into policy input or a command; the message says why."""
 
 
-# encoding -> (channels, index of R, G, B within a pixel); mono8 is replicated to 3 channels.
+# encoding -> (channels, the slice of a pixel's channels that is R, G, B); mono8 is replicated.
+# Slices are views, so a frame is copied once, into the contiguous result.
 IMAGE_ENCODINGS = {
-    'rgb8': (3, (0, 1, 2)),
-    'bgr8': (3, (2, 1, 0)),
-    'rgba8': (4, (0, 1, 2)),
-    'bgra8': (4, (2, 1, 0)),
-    'mono8': (1, (0, 0, 0)),
+    'rgb8': (3, slice(None)),
+    'bgr8': (3, slice(None, None, -1)),
+    'rgba8': (4, slice(0, 3)),
+    'bgra8': (4, slice(2, None, -1)),
+    'mono8': (1, slice(None)),
 }
 
 
@@ -46,7 +47,7 @@ def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
         raise ConversionError(
             f"unsupported image encoding '{msg.encoding}' "
             f"(supported: {', '.join(IMAGE_ENCODINGS)})")
-    channels, rgb_index = IMAGE_ENCODINGS[encoding]
+    channels, rgb = IMAGE_ENCODINGS[encoding]
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
     if height <= 0 or width <= 0:
         raise ConversionError(f'image has no pixels ({width}x{height})')
@@ -60,9 +61,11 @@ def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
     if len(msg.data) != step * height:
         raise ConversionError(
             f'image data has {len(msg.data)} bytes, expected step * height = {step * height}')
-    data = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(height, step)
-    pixels = data[:, :row_bytes].reshape(height, width, channels)
-    return np.ascontiguousarray(pixels[:, :, list(rgb_index)])
+    data = np.frombuffer(msg.data, dtype=np.uint8).reshape(height, step)     # a view of the message
+    pixels = data[:, :row_bytes].reshape(height, width, channels)[:, :, rgb]
+    if channels == 1:
+        pixels = np.broadcast_to(pixels, (height, width, 3))
+    return np.array(pixels, order='C')       # its own copy: the frame outlives the message
 
 
 def stamp_seconds(stamp: Time) -> float | None:
@@ -130,11 +133,6 @@ def merge_joint_state(names: Sequence[str], positions: Sequence[float],
         merged[index[name]] = float(value)
         updated[index[name]] = True
     return JointStateUpdate(positions=merged, updated=updated, unknown_joints=tuple(unknown))
-
-
-def missing_joints(positions: np.ndarray, joint_order: Sequence[str]) -> list[str]:
-    """Names of the configured joints that no message has given a position yet."""
-    return [name for name, value in zip(joint_order, positions) if np.isnan(value)]
 
 
 def instruction_text(text: str, max_length: int) -> str:
