@@ -20,12 +20,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / 'config' / 'default.yaml'
-_domain_ids = itertools.count(int(os.environ.get('VLA_TEST_DOMAIN_BASE', '80')))
+# Runs that share the machine at the same time (two checkouts, say) set different bases.
+DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '80'))
+MAX_DOMAIN_ID = 232     # the largest id whose DDS ports are valid
+_domain_ids = itertools.count(DOMAIN_BASE)
 
 
 def next_domain_id() -> int:
-    """Return a ROS_DOMAIN_ID no other test of this run uses (80, 81, ... by default)."""
-    return next(_domain_ids)
+    """Return a ROS_DOMAIN_ID no other test of this run uses (VLA_TEST_DOMAIN_BASE, +1, ...)."""
+    domain_id = next(_domain_ids)
+    assert domain_id <= MAX_DOMAIN_ID, f'out of ROS domain ids: lower VLA_TEST_DOMAIN_BASE ({DOMAIN_BASE})'
+    return domain_id
 
 
 def ros_env(domain_id: int) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, ros_env
+from ros_harness import DEFAULT_CONFIG, next_domain_id, ros_env
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
@@ -28,7 +28,6 @@ from vla_policy_node.ros import node as node_module
 
 pytestmark = pytest.mark.dds
 
-DOMAINS = iter(range(120, 130))
 
 
 class ZeroRobot(RobotProbe):
@@ -46,7 +45,7 @@ class ZeroRobot(RobotProbe):
 @pytest.fixture
 def running(monkeypatch):
     """Start the node in-process with a ScriptedPolicy; yield (node, policy, probe)."""
-    domain_id = next(DOMAINS)
+    domain_id = next_domain_id()
     for key, value in ros_env(domain_id).items():
         if key.startswith('ROS_'):
             monkeypatch.setenv(key, value)

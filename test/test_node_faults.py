@@ -1,7 +1,7 @@
 """
 Fault tests of the installed node (issue 6): inputs that stop, bad parameter files, signals.
 
-One node process (default.yaml) on its own ROS domain (100-119, loopback discovery only) is
+One node process (default.yaml) on its own ROS domain (loopback discovery only) is
 driven by the integration test's robot probe; the tests run in file order. Each fault must
 stop commands (one hold, nothing from stale data), show up in /diagnostics at WARN or ERROR
 naming the input, and clear by itself when the input returns. Policy faults: a deadline
@@ -22,14 +22,14 @@ import pytest
 from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.duration import Duration
-from ros_harness import DEFAULT_CONFIG, installed_executable, node_with_probe, NodeProcess, ROOT, ros_env
+from ros_harness import (DEFAULT_CONFIG, installed_executable, next_domain_id, node_with_probe,
+                         NodeProcess, ROOT, ros_env)
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
 
 from vla_policy_node.ros.conversions import rgb_to_image
 
 pytestmark = pytest.mark.dds
 
-DOMAINS = iter(range(100, 120))
 NODE = '/vla_policy_node'
 WARN, ERROR = '1', '2'
 
@@ -88,7 +88,7 @@ class FaultyRobot(RobotProbe):
 
 @pytest.fixture(scope='module')
 def system():
-    with node_with_probe([DEFAULT_CONFIG], next(DOMAINS), FaultyRobot) as pair:
+    with node_with_probe([DEFAULT_CONFIG], next_domain_id(), FaultyRobot) as pair:
         yield pair
 
 
@@ -210,7 +210,7 @@ def test_sigterm_publishes_hold_and_exits_zero(system):
 def test_bad_params_file_exits_one_with_reason(tmp_path, params, message):
     path = tmp_path / 'bad.yaml'
     path.write_text(f'/**:\n  ros__parameters:\n    {params}\n')
-    node = NodeProcess([DEFAULT_CONFIG, path], next(DOMAINS))
+    node = NodeProcess([DEFAULT_CONFIG, path], next_domain_id())
     try:
         assert node.wait(timeout=30.0) == 1, node.output
         message = message.format(path=path)
@@ -222,7 +222,7 @@ def test_bad_params_file_exits_one_with_reason(tmp_path, params, message):
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
     """Stopped while the first (3 s) step runs: hold at the measured joints, exit 0, fast."""
-    domain_id = next(DOMAINS)
+    domain_id = next_domain_id()
     node = subprocess.Popen(
         [sys.executable, str(ROOT / 'test' / 'scripted_policy_node.py'), '--ros-args',
          '--params-file', str(DEFAULT_CONFIG)], env=ros_env(domain_id),
@@ -252,7 +252,7 @@ def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
 def test_signal_while_still_importing_exits_zero(signum):
     """A signal in the first second (rclpy and torch still importing) ends the process cleanly."""
     node = subprocess.Popen([str(installed_executable()), '--ros-args', '--params-file', str(DEFAULT_CONFIG)],
-                            env=ros_env(next(DOMAINS)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=ros_env(next_domain_id()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
         time.sleep(0.3)
@@ -271,7 +271,7 @@ def test_checkpoint_outside_checkpoint_root_is_refused(tmp_path, reference_dir):
     path = tmp_path / 'root.yaml'
     path.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n'
                     f'    checkpoint_root: "{tmp_path}"\n')
-    node = NodeProcess([DEFAULT_CONFIG, path], next(DOMAINS))
+    node = NodeProcess([DEFAULT_CONFIG, path], next_domain_id())
     try:
         assert node.wait(timeout=60.0) == 1, node.output
         assert 'cannot start' in node.output and 'outside the allowed roots' in node.output, node.output
