@@ -29,7 +29,8 @@ $(VENV)/.install-stamp: $(VENV)/.setup-stamp setup.py setup.cfg package.xml
 # robot prints the summary. The node is stopped with SIGTERM, which makes it publish a hold.
 demo: install
 	@echo "vla_policy_node demo: tiny model with RANDOM weights, $(DEMO_SECONDS) s, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"
-	@$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml & node=$$!; \
+	@$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml \
+	    -p allow_random_weights:=true & node=$$!; \
 	trap 'kill -TERM $$node 2>/dev/null || true' EXIT; \
 	$(VENV)/bin/vla_policy_sim_robot --ros-args --params-file config/demo.yaml \
 	    -p duration:=$(DEMO_SECONDS).0 --log-level WARN; status=$$?; \

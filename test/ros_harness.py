@@ -20,6 +20,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / 'config' / 'default.yaml'
+# The tests drive the tiny model with random weights, which the node refuses unless told.
+RANDOM_WEIGHTS_ARGS = ('-p', 'allow_random_weights:=true')
 # Runs that share the machine at the same time (two checkouts, say) set different bases.
 DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '80'))
 MAX_DOMAIN_ID = 232     # the largest id whose DDS ports are valid
@@ -53,11 +55,12 @@ class NodeProcess:
     """The installed node as a subprocess, its merged stdout/stderr collected by a thread."""
 
     def __init__(self, params_files: list[Path], domain_id: int,
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 random_weights: bool = True) -> None:
         args = [str(installed_executable()), '--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
-        args += list(extra_args)
+        args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)
         self.process = subprocess.Popen(
             args, env={**ros_env(domain_id), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, cwd=ROOT)

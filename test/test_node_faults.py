@@ -23,7 +23,7 @@ from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, Paramet
 from rcl_interfaces.srv import SetParameters
 from rclpy.duration import Duration
 from ros_harness import (DEFAULT_CONFIG, installed_executable, next_domain_id, node_with_probe,
-                         NodeProcess, ROOT, ros_env)
+                         NodeProcess, RANDOM_WEIGHTS_ARGS, ROOT, ros_env)
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
 
 from vla_policy_node.ros.conversions import rgb_to_image
@@ -225,7 +225,7 @@ def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
     domain_id = next_domain_id()
     node = subprocess.Popen(
         [sys.executable, str(ROOT / 'test' / 'scripted_policy_node.py'), '--ros-args',
-         '--params-file', str(DEFAULT_CONFIG)], env=ros_env(domain_id),
+         '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS], env=ros_env(domain_id),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     probe = FaultyRobot(domain_id)
     try:

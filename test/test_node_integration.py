@@ -60,8 +60,8 @@ class RobotProbe:
                          for topic in CONFIG['camera_topics']]
         self._joints = self.node.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._instruction = self.node.create_publisher(String, 'instruction', INSTRUCTION_QOS)
-        self.node.create_subscription(command_type, command_topic, self._on_command,
-                                      COMMAND_QOS)
+        self.command_subscription = self.node.create_subscription(
+            command_type, command_topic, self._on_command, COMMAND_QOS)
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics,
                                       DIAGNOSTICS_QOS)
         self.reset_client = self.node.create_client(Trigger, '/vla_policy_node/reset_episode')

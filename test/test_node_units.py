@@ -12,8 +12,8 @@ import pytest
 from vla_policy_node.core.chunking import ChunkScheduler, SchedulerConfig
 from vla_policy_node.core.safety import MotionLimits, stamp_problem
 from vla_policy_node.ros.conversions import chunk_to_joint_trajectory
-from vla_policy_node.ros.diagnostics import ERROR, FaultTally, OK
-from vla_policy_node.ros.inputs import ObservationBuffer
+from vla_policy_node.core.health import ERROR, FaultTally, OK
+from vla_policy_node.core.observations import ObservationBuffer
 from vla_policy_node.ros.params import check_override_sources, ParameterError
 
 RGB = np.zeros((4, 4, 3), np.uint8)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vla_policy_node.core.chunking import ChunkRequest
-from vla_policy_node.ros.worker import (
+from vla_policy_node.core.inference import (
     FAULT_LATE,
     FAULT_NON_FINITE,
     FAULT_RAISED,

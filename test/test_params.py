@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, RANDOM_WEIGHTS_ARGS
 import yaml
 
 from vla_policy_node.ros.params import (
@@ -36,11 +36,19 @@ def flatten(tree: dict, prefix: str = '') -> dict:
     return flat
 
 
-VALUES = flatten(DEFAULTS)
+# default.yaml with the tiny random model allowed, as the tests run it.
+VALUES = {**flatten(DEFAULTS), 'allow_random_weights': True}
 
 
 def test_default_yaml_declares_every_parameter_and_nothing_else():
-    assert set(VALUES) == {spec.name for spec in PARAMETERS}
+    assert set(flatten(DEFAULTS)) == {spec.name for spec in PARAMETERS}
+
+
+def test_random_weights_never_start_unless_allowed():
+    with pytest.raises(ParameterError, match="'checkpoint' is empty, which builds a model with RANDOM"):
+        settings_from_values(flatten(DEFAULTS))
+    assert settings_from_values({**VALUES, 'checkpoint': '/robot/policy',
+                                 'allow_random_weights': False}).checkpoint == '/robot/policy'
 
 
 def test_default_yaml_is_valid():
@@ -99,7 +107,8 @@ def declared(context, tmp_path: Path, overrides: dict):
     """Declare the parameters on a bare node given default.yaml plus an override file."""
     extra = tmp_path / 'override.yaml'
     extra.write_text(yaml.safe_dump({'/**': {'ros__parameters': overrides}}))
-    args = ['--ros-args', '--params-file', str(DEFAULT_CONFIG), '--params-file', str(extra)]
+    args = ['--ros-args', '--params-file', str(DEFAULT_CONFIG), '--params-file', str(extra),
+            *RANDOM_WEIGHTS_ARGS]
     node = rclpy.create_node('vla_policy_node', context=context, cli_args=args)
     try:
         return declare_parameters(node, args)
@@ -147,7 +156,7 @@ def test_required_robot_description_has_no_default(context):
 def test_runtime_changes_are_validated_and_read_only_parameters_refused(context):
     from vla_policy_node.ros.node import VlaPolicyNode
     node = VlaPolicyNode(context=context, cli_args=[
-        '--ros-args', '--params-file', str(DEFAULT_CONFIG)])
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
     try:
         result = node.set_parameters([Parameter('limits.lower', value=[-1.0] * 5)])[0]
         assert not result.successful

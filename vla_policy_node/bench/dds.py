@@ -41,7 +41,7 @@ def shm_profile() -> Path:
     return Path(get_package_share_directory("vla_policy_node")) / "config" / "fastdds_shm.xml"
 
 
-def ros_env() -> dict[str, str]:
+def ros_env(domain_id: int = DOMAIN_ID) -> dict[str, str]:
     """
     Return the environment of the bench's DDS processes: loopback only, shared memory for frames.
 
@@ -49,7 +49,7 @@ def ros_env() -> dict[str, str]:
     are lost as best-effort UDP fragments; the project's profile carries them (see README).
     """
     return {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_LOCALHOST_ONLY": "1",
-            "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1",
+            "ROS_DOMAIN_ID": str(domain_id), "PYTHONUNBUFFERED": "1",
             "FASTDDS_DEFAULT_PROFILES_FILE": str(shm_profile())}
 
 

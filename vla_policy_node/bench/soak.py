@@ -1,19 +1,20 @@
 """
 Soak test: 10,000 real-time control steps of the tiny policy against a simulated robot.
 
-It runs the node's control path without ROS: the policy on the node's inference thread
-(``ros.worker.InferenceWorker``, which imports no rclpy), ``core.chunking.ChunkScheduler``
-for the action queue, ``core.safety`` for finiteness and motion limits, and a first-order
-robot that renders synthetic camera frames. The control loop ticks on the wall clock at
-``--rate-hz`` (default: the node's maximum, 1000 Hz); episodes end every few hundred steps
-(sometimes with a burst of resets), each with a new instruction.
+It runs the node's control loop without ROS: ``core.control_loop.ControlLoop`` (input health,
+chunk scheduling, holds, the clamp and the one exit for commands) with the policy on its
+inference thread (``core.inference.InferenceWorker``), against a first-order robot that
+renders synthetic camera frames. The loop ticks on the wall clock at ``--rate-hz`` (default:
+the node's maximum, 1000 Hz); episodes end every few hundred steps (sometimes with a burst of
+resets), each with a new instruction.
 
 Per 1000-step window it reports control-step latency percentiles, tick lateness, dropped
 commands (ticks with no action after the episode's first chunk: the robot holds), late
 commands (published more than one period after their slot), inference latency, chunks
 discarded because their episode had ended, RSS and the number of live ``VLAPrefixCache``
-objects (found through the garbage collector). It exits 1 if more caches are alive than
-``--max-caches``, if a chunk of an old episode was ever executed, or if inference failed.
+objects (found through the garbage collector). Every command the loop publishes is checked
+against the limits, the step limit and the age of its observation. It exits 1 if more caches
+are alive than ``--max-caches``, if any command broke a limit, or if inference failed.
 
 Run: ``python -m vla_policy_node.bench.soak [--steps 10000] [--rate-hz 1000]``.
 """
@@ -22,18 +23,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from vla_policy_node.core.chunking import ChunkRequest, ChunkScheduler, SchedulerConfig
+from vla_policy_node.core.chunking import SchedulerConfig
+from vla_policy_node.core.control_loop import ControlLoop, LoopSettings
+from vla_policy_node.core.inference import InferenceWorker
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
-from vla_policy_node.core.safety import MotionLimits, check_finite
+from vla_policy_node.core.safety import MotionLimits
 from vla_policy_node.models import Policy, build_tiny_policy
-from vla_policy_node.ros.worker import InferenceWorker
 
 CAMERAS = ("front", "wrist")
 TASKS = ("pick up the red cube", "open the drawer", "stack the blocks", "wave")
@@ -89,72 +90,63 @@ class Window:
     late: int = 0
     resets: int = 0
 
-    def row(self, index: int, counters: dict[str, int], infer: list[float], rss: float, caches: int) -> str:
+    def row(self, index: int, counters: dict[str, int], inf: list[float], rss: float, caches: int) -> str:
         step = np.percentile(self.step_ms, [50, 95, 99]) if self.step_ms else [np.nan] * 3
         lateness = np.percentile(self.lateness_ms, [50, 99]) if self.lateness_ms else [np.nan] * 2
-        inf = np.percentile(infer, [50, 95]) if infer else [np.nan] * 2
         return (f"| {index} | {step[0]:.3f} / {step[1]:.3f} / {step[2]:.3f} / {max(self.step_ms, default=0):.2f} "
                 f"| {lateness[0]:.3f} / {lateness[1]:.2f} | {inf[0]:.2f} / {inf[1]:.2f} | {self.dropped} | "
-                f"{self.late} | {self.waiting} | {self.resets} | {counters['discarded']} | {rss:.1f} | {caches} |")
+                f"{self.late} | {self.waiting} | {self.resets} | {counters['chunks_discarded']} | {rss:.1f} "
+                f"| {caches} |")
 
 
 class Soak:
-    """The control loop, the inference callback and the bookkeeping they share under one lock."""
+    """The control loop against the robot; the loop's sink moves the robot and checks each command."""
 
     def __init__(self, policy: Policy, args: argparse.Namespace) -> None:
         self.args = args
         self.period = 1.0 / args.rate_hz
-        self.lock = threading.Lock()
-        self.scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=args.rate_hz, horizon=policy.chunk_size))
         dim = policy.state_dim
         self.limits = MotionLimits(np.full(dim, -3.14), np.full(dim, 3.14), np.full(dim, 2.0), 0.1)
         self.robot = SimRobot(dim, 2.0, args.seed)
-        self.worker = InferenceWorker(policy, self.on_result, time.perf_counter)
+        self.worker = InferenceWorker(policy, None, time.perf_counter, deadline=5.0)
+        settings = LoopSettings(joint_names=tuple(f"j{i}" for i in range(dim)), camera_names=CAMERAS,
+                                control_rate_hz=args.rate_hz, limits=self.limits, plan_points=1,
+                                max_observation_age=0.5)
+        self.loop = ControlLoop(settings, SchedulerConfig(control_rate_hz=args.rate_hz, horizon=policy.chunk_size),
+                                self.worker, self.publish)
         self.rng = np.random.default_rng(args.seed)
-        self.episode = 0
-        self.counters = {"discarded": 0, "errors": 0, "stale_executed": 0}
-        self.infer_ms: list[float] = []
+        self.counters = {"commands": 0, "outside_limits": 0, "over_max_step": 0, "stale": 0}
+        self.loop_horizon = policy.chunk_size
+        self.previous: np.ndarray | None = None
 
-    def on_result(self, request: ChunkRequest, chunk: np.ndarray | None, error: str | None, now: float) -> None:
-        """Worker thread: hand the chunk to the scheduler (which drops chunks of ended episodes)."""
-        with self.lock:
-            self.infer_ms.append((now - request.obs_time) * 1000)
-            if error is not None:
-                self.counters["errors"] += 1
-                self.scheduler.cancel_request(request)
-                print(f"inference failed: {error}")
-                return
-            if not self.scheduler.submit_chunk(request, chunk, now):
-                self.counters["discarded"] += 1
-            elif request.episode != self.episode:
-                self.counters["stale_executed"] += 1
+    def publish(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
+        """Check a command of the loop (its sink) against every limit and its age, then move the robot."""
+        command = points[0]
+        max_delta = self.limits.max_delta(self.period) + 1e-12
+        if not np.all(np.isfinite(command)) or not self.limits.contains(command):
+            self.counters["outside_limits"] += 1
+        if self.previous is not None and np.any(np.abs(command - self.previous) > max_delta):
+            self.counters["over_max_step"] += 1
+        age_limit = self.loop.settings.action_age_limit(self.loop_horizon)
+        if obs_times is not None and time.perf_counter() - obs_times[0] > age_limit:
+            self.counters["stale"] += 1
+        self.counters["commands"] += 1
+        self.previous = command
+        self.robot.apply(command, self.period)
 
     def new_episode(self) -> int:
-        """Reset scheduler and policy (a burst of 1-3 resets); returns the next episode length."""
-        burst = 1 if self.rng.random() < 0.75 else 3
-        with self.lock:
-            for _ in range(burst):
-                self.scheduler.reset()
-                self.worker.request_reset()
-                self.episode += 1
-        self.task = TASKS[self.rng.integers(len(TASKS))]
+        """Reset (a burst of 1-3 resets) with a new instruction; returns the next episode length."""
+        for _ in range(1 if self.rng.random() < 0.75 else 3):
+            self.loop.reset_episode("soak episode")
+        self.loop.on_instruction(TASKS[self.rng.integers(len(TASKS))])
         return int(self.rng.integers(self.args.episode_steps // 2, self.args.episode_steps * 3 // 2 + 1))
 
-    def tick(self, now: float, previous: np.ndarray, window: Window) -> np.ndarray:
+    def tick(self, now: float) -> None:
         frames, state = self.robot.observe()
-        observation = {"images": frames, "state": state, "task": self.task}
-        with self.lock:
-            if self.scheduler.needs_chunk() and not self.worker.busy:
-                request = self.scheduler.begin_request(now)
-                if not self.worker.submit(request, observation):
-                    self.scheduler.cancel_request(request)
-            action = self.scheduler.next_action(now)
-        if action is None:   # hold; the scheduler counts it as waiting (episode start) or starved (dropped)
-            command = previous
-        else:
-            command, _ = self.limits.clamp(check_finite(action, "action"), previous, self.period)
-        self.robot.apply(command, self.period)
-        return command
+        for name, frame in frames.items():
+            self.loop.on_image(name, frame, now, None)
+        self.loop.on_joint_state(self.loop.settings.joint_names, state, now, None)
+        self.loop.tick(now)
 
     def run(self) -> int:
         args = self.args
@@ -167,9 +159,8 @@ class Soak:
         rss_first = None
         max_caches = 0
         episode_left = self.new_episode()
-        previous = self.robot.position.copy()
         window = Window()
-        seen = self.scheduler.stats
+        seen = self.loop.status(0.0, 1.0).counters
         start = time.perf_counter()
         slot = start
         for k in range(args.steps):
@@ -181,7 +172,7 @@ class Soak:
             if delay > 0:
                 time.sleep(delay)
             now = time.perf_counter()
-            previous = self.tick(now, previous, window)
+            self.tick(now)
             done = time.perf_counter()
             window.step_ms.append((done - now) * 1000)
             window.lateness_ms.append((done - slot) * 1000)
@@ -193,32 +184,37 @@ class Soak:
                 caches = live_prefix_caches()
                 max_caches = max(max_caches, caches)
                 rss_first = rss if rss_first is None else rss_first
-                with self.lock:
-                    infer, self.infer_ms = self.infer_ms, []
-                    stats = self.scheduler.stats
-                window.dropped = stats["starved_ticks"] - seen["starved_ticks"]
-                window.waiting = stats["waiting_ticks"] - seen["waiting_ticks"]
-                seen = stats
-                print(window.row((k + 1) // args.window, self.counters, infer, rss, caches), flush=True)
+                counters = self.loop.status(time.perf_counter(), 1.0).counters
+                window.dropped = counters["starved_ticks"] - seen["starved_ticks"]
+                window.waiting = counters["waiting_ticks"] - seen["waiting_ticks"]
+                infer = self.worker.stats["latencies"]["total"]
+                seen = counters
+                print(window.row((k + 1) // args.window, counters, [v * 1e3 for v in infer], rss, caches), flush=True)
                 window = Window()
                 slot = max(slot, time.perf_counter())   # the measurement pause is not the loop's lateness
         elapsed = time.perf_counter() - start
+        self.loop.stop(time.perf_counter())
         self.worker.stop(timeout=5.0)
         rss, peak = rss_mib()
-        stats = self.scheduler.stats
+        counters = self.loop.status(time.perf_counter(), 1.0).counters
         policy_counters = self.worker.stats["counters"]
         print(f"\n{args.steps} steps in {elapsed:.1f} s ({args.steps / elapsed:.0f} Hz achieved, "
               f"{args.rate_hz:g} Hz asked); RSS {rss0:.1f} MiB after warm-up, {rss_first:.1f} after the first window, "
               f"{rss:.1f} at the end, "
               f"peak {peak:.1f} (growth over warm-up {peak - rss0:.1f} MiB, after the first window "
               f"{rss - rss_first:+.1f} MiB)")
-        print(f"live prefix caches: at most {max_caches} (limit {args.max_caches}); scheduler {stats}; "
+        print(f"live prefix caches: at most {max_caches} (limit {args.max_caches}); loop {counters}; "
               f"policy {policy_counters}; soak {self.counters}")
         failures = []
         if max_caches > args.max_caches:
             failures.append(f"{max_caches} live prefix caches > {args.max_caches}")
-        if self.counters["stale_executed"] or self.counters["errors"]:
-            failures.append(f"stale chunks executed or inference errors: {self.counters}")
+        violations = sum(self.counters[key] for key in ("outside_limits", "over_max_step", "stale"))
+        if violations:
+            failures.append(f"{violations} commands broke a limit, the step limit or the age limit")
+        faults = {key: value for key, value in counters.items()   # stale: the loop refusing a slow chunk
+                  if key.startswith("policy_") and key != "policy_stale" and value}
+        if faults:
+            failures.append(f"inference faults: {faults}")
         if policy_counters["prefix_passes"] != policy_counters["control_steps"]:
             failures.append("prefix passes != control steps")
         for failure in failures:

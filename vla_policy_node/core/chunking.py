@@ -1,7 +1,7 @@
 """
 Execute action chunks at the control rate while the next chunk is computed.
 
-The control timer calls ``next_action(now)`` every period; inference runs elsewhere
+The control loop calls ``take(now)`` every period; inference runs elsewhere
 and hands chunks back with ``submit_chunk``. Time is injected (seconds), so tests
 drive the scheduler with a simulated clock. Not thread-safe: call it from one thread
 (or under one lock).
@@ -13,6 +13,9 @@ arrives, the actions whose time has passed are skipped: ``round(latency * measur
 rate)``, clamped to the steps the robot actually executed meanwhile (a starved or
 stalled robot has not moved on). The first chunk of an episode is not counted in the
 delay estimate (start-up latency is not steady-state delay).
+
+Every planned action carries the time of the observation it was computed from (the oldest
+one, where chunks are blended), so the loop can refuse actions whose observation is too old.
 
 Blending of the overlap between the running plan and the new chunk (``blend``):
 
@@ -80,6 +83,14 @@ class RTCGuidance:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """The planned actions from this step on and the observation time of each."""
+
+    actions: np.ndarray  # (K, A), row 0 for this step
+    obs_times: np.ndarray  # (K,) seconds, the scheduler's clock
+
+
+@dataclass(frozen=True)
 class ChunkRequest:
     """One inference request; chunk action ``j`` is meant for episode step ``step + j``."""
 
@@ -111,7 +122,8 @@ class ChunkScheduler:
 
     def _clear_episode(self) -> None:
         self._step = 0
-        self._chunks: list[tuple[int, np.ndarray]] = []  # (first step, actions (T, A)), oldest first
+        # (first step, actions (T, A), observation times (T,)), oldest first
+        self._chunks: list[tuple[int, np.ndarray, np.ndarray]] = []
         self._pending: ChunkRequest | None = None
         self._pending_is_startup = False
         self._received = False
@@ -127,7 +139,7 @@ class ChunkScheduler:
     @property
     def actions_left(self) -> int:
         """Planned actions from the next step on."""
-        return max((start + len(a) for start, a in self._chunks), default=self._step) - self._step
+        return max((start + len(a) for start, a, _ in self._chunks), default=self._step) - self._step
 
     @property
     def measured_rate_hz(self) -> float:
@@ -158,7 +170,7 @@ class ChunkScheduler:
             raise RuntimeError(f"request {self._pending.request_id} is still in flight")
         rtc = None
         if self.config.blend == "rtc" and self.actions_left > 0:
-            prefix = self._plan()
+            prefix, _ = self._plan()
             prefix.setflags(write=False)
             delay = self.delay_steps
             delay = len(prefix) if delay is None else min(delay, len(prefix))
@@ -168,6 +180,11 @@ class ChunkScheduler:
         self._next_id += 1
         self._stats["chunks_requested"] += 1
         return self._pending
+
+    def awaits(self, request: ChunkRequest) -> bool:
+        """Tell whether ``request`` is the one in flight (not cancelled, not of an ended episode)."""
+        pending = self._pending
+        return pending is not None and (request.episode, request.request_id) == (pending.episode, pending.request_id)
 
     def cancel_request(self, request: ChunkRequest) -> None:
         """Inference failed: forget the request so the next tick may retry."""
@@ -181,8 +198,7 @@ class ChunkScheduler:
 
         Raises ValueError on a malformed or non-finite chunk (the request is closed).
         """
-        pending = self._pending
-        if pending is None or (request.episode, request.request_id) != (pending.episode, pending.request_id):
+        if not self.awaits(request):
             self._stats["chunks_discarded"] += 1
             return False
         self._pending = None
@@ -199,7 +215,8 @@ class ChunkScheduler:
         self._stats["chunks_received"] += 1
         self._stats["actions_skipped"] += skip
         self._received = True
-        self._blend_in(actions[skip:self.config.horizon])
+        kept = actions[skip:self.config.horizon]
+        self._blend_in(kept, np.full(len(kept), request.obs_time))
         return True
 
     def _check_chunk(self, actions: np.ndarray) -> str | None:
@@ -211,39 +228,50 @@ class ChunkScheduler:
             return "chunk has non-finite actions"
         return None
 
-    def _blend_in(self, new: np.ndarray) -> None:
-        """Merge ``new`` (N, A), whose row 0 is for the next step, into the queue."""
+    def _blend_in(self, new: np.ndarray, obs_times: np.ndarray) -> None:
+        """Merge ``new`` (N, A) observed at ``obs_times`` (N,), row 0 for the next step."""
         if len(new) == 0:
             return
         if self.config.blend == "temporal_ensemble":
-            self._chunks.append((self._step, new))
+            self._chunks.append((self._step, new, obs_times))
             return
         if self.config.blend == "weighted" and self._chunks:
-            old = self._plan()
+            old, old_times = self._plan()
             n = min(len(old), len(new))
             w = self.config.blend_weight
             new = new.copy()
             new[:n] = w * new[:n] + (1.0 - w) * old[:n]
-        self._chunks = [(self._step, new)]
+            obs_times[:n] = np.minimum(obs_times[:n], old_times[:n])
+        self._chunks = [(self._step, new, obs_times)]
 
-    def _plan(self) -> np.ndarray:
-        """Remaining actions (K, A) of the running chunk; only modes that keep one chunk."""
-        start, actions = self._chunks[-1]
-        return actions[self._step - start:].copy()
+    def _plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """Remaining actions (K, A) of the running chunk and their observation times (K,)."""
+        start, actions, obs_times = self._chunks[-1]
+        return actions[self._step - start:].copy(), obs_times[self._step - start:].copy()
 
     # ------------------------------------------------------------ execution
-    def next_action(self, now: float) -> np.ndarray | None:
-        """Return the action (A,) for this tick, or None when starved (hold the last safe command)."""
+    def take(self, now: float, n: int = 1) -> Plan | None:
+        """
+        Execute this tick's step: return its action and the plan after it, at most ``n`` rows.
+
+        ``n`` = 0 returns every planned action. None when starved (the loop holds); the step
+        is consumed only when an action is returned.
+        """
         self._measure_tick(now)
         k = self._step
-        self._chunks = [(s, a) for s, a in self._chunks if s + len(a) > k]
-        action = self._action_at(k)
-        if action is None:
+        self._chunks = [chunk for chunk in self._chunks if chunk[0] + len(chunk[1]) > k]
+        plan = self._planned(n)
+        if plan is None:
             self._stats["starved_ticks" if self._received else "waiting_ticks"] += 1
             return None
         self._step += 1
         self._stats["actions_executed"] += 1
-        return action
+        return plan
+
+    def next_action(self, now: float) -> np.ndarray | None:
+        """Return the action (A,) for this tick, or None when starved (see ``take``)."""
+        plan = self.take(now, 1)
+        return None if plan is None else plan.actions[0]
 
     def peek(self, n: int = 0) -> np.ndarray:
         """
@@ -253,26 +281,35 @@ class ChunkScheduler:
         ``n`` (0: all). Changes nothing (no tick is measured, no step consumed).
         K is 0 when nothing is planned.
         """
-        count = self.actions_left if n <= 0 else min(n, self.actions_left)
-        rows = []
-        for k in range(self._step, self._step + count):
-            action = self._action_at(k)
-            if action is None:
-                break
-            rows.append(action)
-        if rows:
-            return np.stack(rows)
+        plan = self._planned(n)
+        if plan is not None:
+            return plan.actions
         return np.zeros((0, self._chunks[0][1].shape[1] if self._chunks else 0))
 
-    def _action_at(self, k: int) -> np.ndarray | None:
-        """Return the (blended) action planned for step ``k``, a copy; None if no chunk covers it."""
-        covering = [a[k - s] for s, a in self._chunks if s <= k < s + len(a)]
+    def _planned(self, n: int) -> Plan | None:
+        """Return the plan from the current step on (at most ``n`` rows, 0: all); None if empty."""
+        count = self.actions_left if n <= 0 else min(n, self.actions_left)
+        rows, times = [], []
+        for k in range(self._step, self._step + count):
+            planned = self._action_at(k)
+            if planned is None:
+                break
+            rows.append(planned[0])
+            times.append(planned[1])
+        if not rows:
+            return None
+        return Plan(np.stack(rows), np.array(times))
+
+    def _action_at(self, k: int) -> tuple[np.ndarray, float] | None:
+        """Return the (blended) action for step ``k`` (a copy) and its oldest observation time."""
+        covering = [(a[k - s], t[k - s]) for s, a, t in self._chunks if s <= k < s + len(a)]
         if not covering:
             return None
+        obs_time = float(min(t for _, t in covering))
         if len(covering) == 1:
-            return covering[0].copy()
+            return covering[0][0].copy(), obs_time
         weights = np.exp(-self.config.ensemble_decay * np.arange(len(covering)))
-        return weights @ np.stack(covering) / weights.sum()
+        return weights @ np.stack([a for a, _ in covering]) / weights.sum(), obs_time
 
     def _measure_tick(self, now: float) -> None:
         """EMA of tick intervals, each clamped to [0.5, 2] nominal periods (stalls are outliers)."""

@@ -1,13 +1,13 @@
 """
 Motion limits, finiteness and staleness checks for joint commands; pure numpy, fail closed.
 
-The node calls these on every command it is about to publish. They never import rclpy, so the
-same rules are unit-tested without ROS and can be reused by any other front end.
+The control loop (``control_loop.py``) applies these to every command before it leaves. They
+never import rclpy, so the same rules are unit-tested without ROS.
 
 Clamping order matters. The target is first clipped into the position limits, then the step
-from the previous command is limited to ``min(max_step, max_velocity * dt)`` per joint. When
-the robot starts outside its limits (a joint state slightly past a soft limit), the command
-therefore walks back inside at the allowed rate instead of jumping to the limit.
+from the previous command is limited to ``min(max_step, max_velocity * dt)`` per joint. A
+start outside the limits therefore walks back at the allowed rate instead of jumping; the
+control loop publishes such a point only once it lies inside the limits (``contains``).
 """
 
 from __future__ import annotations
@@ -118,6 +118,33 @@ class MotionLimits:
         """Return the number of joints these limits describe."""
         return int(self.lower.size)
 
+    def max_delta(self, dt: float) -> np.ndarray:
+        """Return the largest change (J,) of each joint between two commands ``dt`` apart."""
+        return np.minimum(self.max_velocity * dt, self.max_step)
+
+    def contains(self, points: np.ndarray) -> bool:
+        """Tell whether every point (..., J) lies inside the position limits."""
+        return bool(np.all((points >= self.lower) & (points <= self.upper)))
+
+    def outside(self, point: np.ndarray) -> list[int]:
+        """Return the indices of the joints of ``point`` (J,) outside the position limits."""
+        return np.flatnonzero((point < self.lower) | (point > self.upper)).tolist()
+
+    def loosened_from(self, envelope: MotionLimits) -> str | None:
+        """Say how these limits reach beyond ``envelope`` (they may only tighten it), or None."""
+        if self.num_joints != envelope.num_joints:
+            return f'{self.num_joints} joints, the envelope has {envelope.num_joints}'
+        checks = (('lower', self.lower < envelope.lower), ('upper', self.upper > envelope.upper),
+                  ('max_velocity', self.max_velocity > envelope.max_velocity))
+        for name, looser in checks:
+            if looser.any():
+                return (f'{name} at joint indices {np.flatnonzero(looser).tolist()} is looser than '
+                        'the limits given at start, which may only be tightened at run time')
+        if self.max_step > envelope.max_step:
+            return (f'max_step {self.max_step:g} is larger than {envelope.max_step:g} given at '
+                    'start, which may only be tightened at run time')
+        return None
+
     def clamp(self, command: np.ndarray, previous: np.ndarray,
               dt: float) -> tuple[np.ndarray, int]:
         """
@@ -150,7 +177,7 @@ class MotionLimits:
         if not (math.isfinite(dt) and dt > 0.0):
             raise SafetyError(f'dt must be positive and finite, got {dt}')
         clipped = np.clip(targets, self.lower, self.upper)
-        max_delta = np.minimum(self.max_velocity * dt, self.max_step)
+        max_delta = self.max_delta(dt)
         safe = np.empty_like(clipped)
         step_limited = np.empty(clipped.shape, dtype=bool)
         for i in range(len(clipped)):

@@ -92,8 +92,11 @@ def _type_name(kind: Parameter.Type) -> str:
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty runs the tiny random model '
-              '(random weights: for plumbing and timing only).'),
+    ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty builds the tiny model with '
+              'RANDOM weights, which starts only with allow_random_weights.'),
+    ParamSpec('allow_random_weights', False, 'Let the tiny model with random weights (empty '
+              'checkpoint) command the robot: for plumbing and timing tests only. Without it an '
+              'empty checkpoint stops the node at start-up.'),
     ParamSpec('checkpoint_root', '', 'Folder the checkpoint must lie in (resolved, symlinks '
               'followed); empty allows any folder.'),
     ParamSpec('device', 'auto', 'Torch device: auto, cpu, cuda or cuda:N. CUDA falls back to '
@@ -151,10 +154,16 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('max_observation_age', 0.5, 'Seconds after which an input counts as stale; no '
               'command is computed or sent from stale inputs.', read_only=False,
               bounds=(0.01, 10.0)),
-    ParamSpec('use_header_stamps', True, 'Also judge camera frames by their header stamps: '
-              'refuse frames whose stamp goes backwards or is older than max_observation_age '
-              'on the node\'s clock (zero stamps are judged by arrival only). Set false for '
-              'cameras whose clock is not synchronised with this node\'s.', read_only=False),
+    ParamSpec('max_action_age', 0.0, 'Seconds an action\'s observation may be old when the '
+              'action executes; older plans are dropped and the robot holds. 0 derives it: '
+              'max_observation_age + horizon / control_rate_hz. Chunks that arrive more than '
+              'max_observation_age after their observation are refused in any case.',
+              read_only=False, bounds=(0.0, 60.0)),
+    ParamSpec('use_header_stamps', True, 'Also judge camera frames and joint states by their '
+              'header stamps: refuse messages whose stamp goes backwards or is older than '
+              'max_observation_age on the node\'s clock (zero stamps are judged by arrival '
+              'only). Set false for sources whose clock is not synchronised with this '
+              'node\'s.', read_only=False),
     ParamSpec('policy_deadline', 5.0, 'Seconds one inference may take; a later chunk is '
               'discarded (the robot holds) and the next control step tries again.',
               read_only=False, bounds=(0.001, 60.0)),
@@ -195,6 +204,7 @@ class NodeSettings:
     """Validated parameter values, the only form in which the node reads its configuration."""
 
     checkpoint: str
+    allow_random_weights: bool
     checkpoint_root: str
     device: str
     dtype: str
@@ -215,6 +225,7 @@ class NodeSettings:
     control_rate_hz: float
     chunking: ChunkingSettings
     max_observation_age: float
+    max_action_age: float
     use_header_stamps: bool
     policy_deadline: float
     reset_on_instruction_change: bool
@@ -258,6 +269,11 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         if spec.bounds is not None and not spec.bounds[0] <= value <= spec.bounds[1]:
             raise ParameterError(f"parameter '{spec.name}' = {value} {spec.requirement()}")
     _check_device(values['device'])
+    if not values['checkpoint'] and not values['allow_random_weights']:
+        raise ParameterError(
+            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
+            "'checkpoint' to your policy's folder (or allow_random_weights: true for plumbing "
+            'tests without a robot that can be hurt)')
     cameras = tuple(values['camera_topics'])
     names = tuple(values['camera_names'])
     joints = tuple(values['joint_names'])
@@ -286,6 +302,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         raise ParameterError(f'invalid limits: {error}') from error
     return NodeSettings(
         checkpoint=values['checkpoint'],
+        allow_random_weights=values['allow_random_weights'],
         checkpoint_root=values['checkpoint_root'],
         device=values['device'],
         dtype=values['dtype'],
@@ -312,6 +329,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             ensemble_decay=values['chunking.ensemble_decay'],
             rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight']),
         max_observation_age=values['max_observation_age'],
+        max_action_age=values['max_action_age'],
         use_header_stamps=values['use_header_stamps'],
         policy_deadline=values['policy_deadline'],
         reset_on_instruction_change=values['reset_on_instruction_change'],
@@ -353,22 +371,25 @@ def _override_names(node: Node) -> Iterable[str]:
     return getattr(node, '_parameter_overrides', {}).keys()
 
 
-def validate_change(current: Mapping[str, Any], changes: Iterable[Parameter]) -> str | None:
+def validate_change(current: Mapping[str, Any],
+                    changes: Iterable[Parameter]) -> tuple[NodeSettings | None, str | None]:
     """
-    Return why ``changes`` applied on top of ``current`` would be invalid, or None if fine.
+    Return the settings ``changes`` on top of ``current`` would give, or why they are invalid.
 
     Used by the on-set callback: it only decides; the node changes state in its post-set
-    callback from the values it then reads back.
+    callback. ``use_sim_time`` is refused: switching clocks under a running control loop
+    would make every age and stamp check meaningless.
     """
     merged = dict(current)
     for parameter in changes:
+        if parameter.name == 'use_sim_time':
+            return None, 'use_sim_time is read-only once the node runs'
         if parameter.name in SPECS:
             merged[parameter.name] = parameter.value
     try:
-        settings_from_values(merged)
+        return settings_from_values(merged), None
     except ParameterError as error:
-        return str(error)
-    return None
+        return None, str(error)
 
 
 def current_values(node: Node) -> dict[str, Any]:

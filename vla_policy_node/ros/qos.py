@@ -25,11 +25,13 @@ INSTRUCTION_QOS = QoSProfile(
     durability=DurabilityPolicy.TRANSIENT_LOCAL,
 )
 
-# Joint states: a short best-effort queue, compatible with joint_state_broadcaster (reliable)
-# and with best-effort drivers; partial messages from several publishers must not be dropped.
+# Joint states: best effort, compatible with joint_state_broadcaster (reliable) and with
+# best-effort drivers. The node reads them once per control tick (``PolledSubscription``), so
+# the history holds what arrives between ticks: 100 messages cover a 1 kHz publisher at a
+# 10 Hz control rate, and partial messages from several publishers are not pushed out.
 JOINT_STATES_QOS = QoSProfile(
     history=HistoryPolicy.KEEP_LAST,
-    depth=10,
+    depth=100,
     reliability=ReliabilityPolicy.BEST_EFFORT,
     durability=DurabilityPolicy.VOLATILE,
 )
@@ -38,6 +40,14 @@ JOINT_STATES_QOS = QoSProfile(
 COMMAND_QOS = QoSProfile(
     history=HistoryPolicy.KEEP_LAST,
     depth=10,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
+# Services whose every call must be answered (a burst of ~/reset_episode calls): the default
+# service profile keeps only the last 10 requests and drops the rest unanswered.
+SERVICE_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_ALL,
     reliability=ReliabilityPolicy.RELIABLE,
     durability=DurabilityPolicy.VOLATILE,
 )

@@ -1,15 +1,16 @@
 """
-The inference thread: runs the policy off the executor so no callback ever waits for it.
+The inference thread: runs the policy off the control loop, so no tick ever waits for it.
 
 Only this thread calls the policy (``predict_action_chunk``, ``reset``), so a reset that
 arrives during inference is applied after the running step, never in the middle of it, and
 always before the next one: the prefix cache of one episode never serves another. The
-step's chunk is still handed back, and the ChunkScheduler discards it because its request
+step's chunk is still handed back, and the chunk scheduler discards it because its request
 belongs to the previous episode: a chunk of the old episode is never executed in the new one.
 
 A bad step never escapes this thread: an exception, a chunk with non-finite values or a
 step slower than the deadline becomes an :class:`InferenceResult` with a ``fault``, the
-chunk is dropped here, and the node holds and lets the next control step try again.
+chunk is dropped here, and the control loop holds and lets the next control step try again.
+Plain threading and numpy: no ROS, so the node and the soak run drive the same class.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class InferenceResult:
 class InferenceWorker:
     """One background thread, one job at a time; each result goes to ``on_result``."""
 
-    def __init__(self, policy: Any, on_result: Callable[[InferenceResult], None],
+    def __init__(self, policy: Any, on_result: Callable[[InferenceResult], None] | None,
                  clock: Callable[[], float], deadline: float) -> None:
         self._policy = policy
         self._on_result = on_result
@@ -67,8 +68,14 @@ class InferenceWorker:
         self._stats = self._snapshot()
         self._thread = threading.Thread(target=self._run, name='vla_inference', daemon=True)
 
+    def bind(self, on_result: Callable[[InferenceResult], None]) -> None:
+        """Send results to ``on_result`` (the control loop binds itself before starting)."""
+        self._on_result = on_result
+
     def start(self) -> None:
-        """Start the thread (after the policy is warmed up)."""
+        """Start the thread (after the policy is warmed up and a result receiver is bound)."""
+        if self._on_result is None:
+            raise RuntimeError('bind a result receiver before starting the inference thread')
         self._thread.start()
 
     @property

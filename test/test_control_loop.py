@@ -1,0 +1,237 @@
+"""
+The control loop, case by case (ROS-free, simulated clock).
+
+The safety promises a hostile integrator broke before the loop owned them (issue 10's
+list), each as an example.
+"""
+
+from __future__ import annotations
+
+import math
+
+from loop_harness import ScriptedInference
+import numpy as np
+import pytest
+
+from vla_policy_node.core.chunking import SchedulerConfig
+from vla_policy_node.core.control_loop import ControlLoop, LoopSettings
+from vla_policy_node.core.health import ERROR, OK, WARN
+from vla_policy_node.core.safety import MotionLimits
+
+JOINTS = ('shoulder', 'elbow', 'gripper')
+RATE = 20.0
+DT = 1.0 / RATE
+FRAME = np.zeros((4, 4, 3), np.uint8)
+LIMITS = MotionLimits(np.full(3, -3.14), np.full(3, 3.14), np.full(3, 2.0), 0.1)
+
+
+class Rig:
+    """A loop with a scripted policy, a clock, and the commands it sent."""
+
+    def __init__(self, limits: MotionLimits = LIMITS, **settings) -> None:
+        self.now = 100.0
+        self.wall = 0.0
+        self.sent: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self.inference = ScriptedInference()
+        self.loop = ControlLoop(
+            LoopSettings(JOINTS, ('front',), RATE, limits, **settings),
+            SchedulerConfig(control_rate_hz=RATE, horizon=4), self.inference,
+            lambda points, times: self.sent.append((points.copy(), times)),
+            wall_clock=lambda: self.wall)
+        self.loop.on_instruction('pick up the cube')
+
+    def feed(self, state, stamp: float | None = None) -> None:
+        self.loop.on_image('front', FRAME, self.now, None)
+        self.loop.on_joint_state(JOINTS, state, self.now, stamp)
+
+    def step(self, state, chunk=None, latency: float = 0.01) -> None:
+        """One healthy period: inputs, a tick, the pending request answered with ``chunk``."""
+        self.feed(state)
+        self.loop.tick(self.now)
+        if chunk is not None and self.inference.pending is not None:
+            self.inference.deliver(np.asarray(chunk, float), None, self.inference.pending.obs_time + latency)
+        self.now += DT
+        self.wall += DT
+
+    def commands(self) -> np.ndarray:
+        return np.array([points[0] for points, _ in self.sent])
+
+    def state(self) -> str:
+        return self.loop.status(self.now, 1.0).state
+
+
+def ramp(start: float, value: float) -> np.ndarray:
+    return np.tile([start, start, value], (4, 1))
+
+
+def test_after_a_reset_the_step_limit_counts_from_the_last_command_not_the_measured_glitch():
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.3, 0.3))
+    last = rig.commands()[-1]
+    assert np.allclose(last, 0.3)
+    rig.loop.reset_episode('reset_episode service')
+    for _ in range(6):          # a 1.5 rad glitch in the measured state at the reset
+        rig.step([1.5, 1.5, 1.5], chunk=ramp(1.5, 1.5))
+    chain = np.vstack([last, rig.commands()[6:]])
+    assert np.all(np.abs(np.diff(chain, axis=0)) <= 0.1 + 1e-12), chain
+
+
+def test_a_robot_measured_outside_its_limits_is_never_commanded_outside_them():
+    rig = Rig()
+    for _ in range(5):
+        rig.step([0.0, 0.0, 4.0], chunk=ramp(0.0, 4.0))     # gripper reads 4.0, limit 3.14
+    assert rig.sent == [], 'nothing can be commanded inside the limits within one step'
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and "['gripper'] are measured outside their limits" in status.state
+    assert rig.loop.stop(rig.now) is False, 'no hold either: it would be outside the limits'
+    nearly = Rig()
+    for _ in range(3):
+        nearly.step([0.0, 0.0, 3.2], chunk=ramp(0.0, 3.2))  # within one step of the limit
+    assert len(nearly.sent) > 0 and np.all(nearly.commands() <= 3.14)
+
+
+def test_a_stop_before_the_first_command_holds_inside_the_limits():
+    rig = Rig()
+    rig.feed([0.0, 0.0, 3.16])
+    assert rig.loop.stop(rig.now)
+    np.testing.assert_allclose(rig.commands(), [[0.0, 0.0, 3.14]])
+
+
+def test_a_chunk_that_arrives_after_max_observation_age_is_refused_and_reported():
+    rig = Rig(max_observation_age=0.5)
+    for _ in range(10):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.05, 0.05), latency=0.75)
+    assert rig.sent == []
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.counters['policy_stale'] >= 1 and status.level == WARN
+    assert 'more than max_observation_age' in status.state
+
+
+def test_an_action_runs_only_while_its_observation_is_fresh_enough():
+    rig = Rig(max_observation_age=0.5, max_action_age=0.2)
+    rig.step([0.0, 0.0, 0.0], chunk=ramp(0.05, 0.05), latency=0.01)
+    rig.now += 0.3          # the executor stalled: the plan is now 0.3 s old
+    rig.step([0.0, 0.0, 0.0])
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.counters['stale_actions_refused'] == 1
+    assert 'more than max_action_age = 0.200 s' in status.state
+    for points, times in rig.sent:
+        if times is not None:
+            assert rig.now - times[0] <= 0.2 + 2 * DT
+
+
+def test_the_default_action_age_is_derived_from_observation_age_and_horizon():
+    settings = LoopSettings(JOINTS, ('front',), RATE, LIMITS, max_observation_age=0.5)
+    assert settings.action_age_limit(horizon=16) == pytest.approx(0.5 + 16 / RATE)
+
+
+@pytest.mark.parametrize('offset, problem', [
+    (+10.0, 'ahead of the node clock'), (-2.0, 'old'), (-100.0 - 1.7e9, 'old')])
+def test_joint_state_stamps_are_checked_like_camera_stamps(offset, problem):
+    rig = Rig()
+    rig.feed([0.0, 0.0, 0.0], stamp=rig.now + offset)
+    health = {h.name: h for h in rig.loop.status(rig.now, 1.0).inputs}
+    assert health['joint_states'].level == ERROR and problem in health['joint_states'].message
+    unstamped = Rig(use_header_stamps=False)
+    unstamped.feed([0.0, 0.0, 0.0], stamp=unstamped.now + offset)
+    assert {h.name: h.level for h in unstamped.loop.status(unstamped.now, 1.0).inputs}['joint_states'] == OK
+
+
+def test_joint_state_stamps_that_go_backwards_are_refused():
+    rig = Rig()
+    rig.feed([0.0, 0.0, 0.0], stamp=rig.now - 0.01)
+    rig.feed([0.0, 0.0, 0.0], stamp=rig.now - 0.02)
+    health = {h.name: h for h in rig.loop.status(rig.now, 1.0).inputs}
+    assert 'backwards' in health['joint_states'].message
+
+
+def test_a_joint_fault_clears_only_when_every_joint_is_given_again():
+    rig = Rig()
+    rig.feed([0.0, math.nan, 0.0])
+    level = lambda: {h.name: h.level for h in rig.loop.status(rig.now, 1.0).inputs}['joint_states']  # noqa: E731
+    assert level() == ERROR
+    rig.loop.on_joint_state((), (), rig.now, None)                   # empty
+    assert level() == ERROR
+    rig.loop.on_joint_state(('shoulder', 'elbow'), (0.0, 0.0), rig.now, None)    # partial
+    assert level() == ERROR
+    rig.loop.on_joint_state(('gripper',), (0.0,), rig.now, None)     # the rest, from another publisher
+    assert level() == OK
+
+
+def test_velocity_only_joint_states_are_ignored_and_counted():
+    rig = Rig()
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+        rig.loop.on_joint_state(JOINTS, (), rig.now, None)
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.counters['joint_states_without_positions'] == 3
+    assert status.state == 'commanding'
+
+
+def test_the_watchdog_holds_when_ticks_stop_and_commanding_resumes_with_them():
+    rig = Rig()
+    for _ in range(4):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    sent = len(rig.sent)
+    rig.loop.watchdog(rig.now)
+    assert len(rig.sent) == sent, 'ticks are running: no watchdog hold'
+    rig.wall += 1.0                                   # sim clock stopped, wall clock runs
+    rig.loop.watchdog(rig.now)
+    assert len(rig.sent) == sent + 1 and rig.sent[-1][1] is None, 'one hold'
+    assert 'no control tick for' in rig.state()
+    assert rig.loop.status(rig.now, 1.0).counters['watchdog_holds'] == 1
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    assert rig.state() == 'commanding'
+
+
+def test_another_publisher_on_the_command_topic_stops_all_commands():
+    rig = Rig()
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    sent = len(rig.sent)
+    rig.loop.set_command_link(subscribers=1, other_publishers=1)
+    for _ in range(5):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    assert len(rig.sent) == sent, 'not even a hold: it would interleave with the other sender'
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and 'other publisher' in status.state
+
+
+def test_after_the_subscriber_returns_the_loop_re_enters_from_the_measured_state():
+    rig = Rig()
+    for _ in range(5):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.3, 0.3))
+    rig.loop.set_command_link(subscribers=0, other_publishers=0)
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.3, 0.3))
+    sent = len(rig.sent)
+    assert 'nobody subscribes' in rig.state()
+    rig.loop.set_command_link(subscribers=1, other_publishers=0)
+    for _ in range(5):                  # meanwhile the arm was moved by hand to 0.7
+        rig.step([0.7, 0.7, 0.7], chunk=ramp(0.0, 0.0))
+    chain = np.vstack([[0.7, 0.7, 0.7], rig.commands()[sent:]])
+    assert len(chain) > 1 and np.all(np.abs(np.diff(chain, axis=0)) <= 0.1 + 1e-12), chain
+
+
+def test_limits_only_tighten_at_run_time_and_never_exclude_the_last_command():
+    rig = Rig()
+    for _ in range(5):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.3, 0.3))
+    base = rig.loop.settings
+
+    def with_limits(lower, upper, velocity=2.0, step=0.1):
+        return LoopSettings(JOINTS, ('front',), RATE, MotionLimits(
+            np.full(3, lower), np.full(3, upper), np.full(3, velocity), step))
+    assert 'may only be tightened' in rig.loop.check_update(with_limits(-1e6, 1e6))
+    assert 'may only be tightened' in rig.loop.check_update(with_limits(-1.0, 1.0, step=10.0))
+    assert 'may only be tightened' in rig.loop.check_update(with_limits(-1.0, 1.0, velocity=3.0))
+    assert 'last command lies outside' in rig.loop.check_update(with_limits(-0.1, 0.1))
+    with pytest.raises(ValueError):
+        rig.loop.update(with_limits(-0.1, 0.1))
+    assert rig.loop.settings is base
+    rig.loop.update(with_limits(-1.0, 1.0, step=0.05))
+    for _ in range(5):
+        rig.step([0.3, 0.3, 0.3], chunk=ramp(0.9, 0.9))
+    assert np.all(np.abs(np.diff(rig.commands()[-5:], axis=0)) <= 0.05 + 1e-12)

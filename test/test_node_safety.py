@@ -1,0 +1,238 @@
+"""
+The installed node over DDS against what a hostile integrator did to it (issue 10).
+
+One node process (default.yaml, tiny random model) and a probe robot per module; the tests
+run in file order. Every command the probe records is also checked against the limits and the
+step limit between consecutive commands (``assert_safe``), across resets and faults.
+"""
+
+from __future__ import annotations
+
+import time
+
+from builtin_interfaces.msg import Time
+import numpy as np
+import pytest
+from rcl_interfaces.srv import SetParameters
+from rclpy.parameter import Parameter
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe, NodeProcess
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
+from trajectory_msgs.msg import JointTrajectory
+import yaml
+
+from vla_policy_node.ros.qos import COMMAND_QOS
+
+pytestmark = pytest.mark.dds
+
+MAX_STEP = CONFIG['limits']['max_step']
+LOWER, UPPER = np.array(CONFIG['limits']['lower']), np.array(CONFIG['limits']['upper'])
+
+
+class SafetyProbe(RobotProbe):
+    """The probe robot with joint-state faults: offsets, stamps, velocity-only messages."""
+
+    offset = np.zeros(len(JOINTS))
+    stamp = 'zero'          # zero | now | future | old | epoch
+    velocity_only = False
+
+    def _publish_joints(self) -> None:
+        positions = np.array([0.1 * i for i in range(len(JOINTS))]) + self.offset
+        msg = JointState(name=JOINTS, position=positions.tolist())
+        now = self.node.get_clock().now().nanoseconds * 1e-9
+        seconds = {'zero': None, 'now': now, 'future': now + 10.0, 'old': now - 2.0,
+                   'epoch': 1.0}[self.stamp]
+        if seconds is not None:
+            msg.header.stamp = Time(sec=int(seconds), nanosec=int(seconds % 1 * 1e9))
+        self._joints.publish(msg)
+        if self.velocity_only:
+            self._joints.publish(JointState(name=JOINTS, velocity=[0.0] * len(JOINTS)))
+
+    def positions(self) -> np.ndarray:
+        with self._lock:
+            return np.array([list(c.points[0].positions) for c in self.commands])
+
+
+def assert_safe(probe: SafetyProbe, start: int = 0) -> None:
+    """Every command from ``start`` on: inside the limits, within max_step of the one before."""
+    positions = probe.positions()[start:]
+    assert np.all(positions >= LOWER - 1e-9) and np.all(positions <= UPPER + 1e-9)
+    steps = np.abs(np.diff(positions, axis=0))
+    assert np.all(steps <= MAX_STEP + 1e-9), f'largest step {steps.max():.3f}'
+
+
+@pytest.fixture(scope='module')
+def system():
+    with node_with_probe([DEFAULT_CONFIG], next_domain_id(), SafetyProbe) as pair:
+        yield pair
+
+
+def test_a_glitch_at_reset_never_becomes_a_jump(system):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+    assert probe.reset_client.wait_for_service(timeout_sec=10.0)
+    for _ in range(3):
+        probe.offset = np.full(len(JOINTS), 1.5)         # the measured state glitches
+        future = probe.reset_client.call_async(Trigger.Request())
+        assert wait_until(future.done, 5.0)
+        time.sleep(0.3)
+        probe.offset = np.zeros(len(JOINTS))
+        time.sleep(0.5)
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert_safe(probe)
+
+
+def test_a_burst_of_reset_calls_is_answered_call_for_call(system):
+    node, probe = system
+    qos = QoSProfile(history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
+    client = probe.node.create_client(Trigger, '/vla_policy_node/reset_episode', qos_profile=qos)
+    try:
+        assert client.wait_for_service(timeout_sec=10.0)
+        before = probe.counter('episode_resets')
+        futures = [client.call_async(Trigger.Request()) for _ in range(100)]
+        assert wait_until(lambda: all(f.done() for f in futures), 20.0), \
+            f'{sum(f.done() for f in futures)} of 100 answered'
+        assert all(f.result().success for f in futures)
+        assert wait_until(lambda: probe.counter('episode_resets') == before + 100, 5.0)
+    finally:
+        probe.node.destroy_client(client)
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert_safe(probe)
+
+
+@pytest.mark.parametrize('stamp, message', [
+    ('future', 'ahead of the node clock'), ('old', 'old, more than max_observation_age'),
+    ('epoch', 'old, more than max_observation_age')])
+def test_joint_state_stamps_are_checked(system, stamp, message):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    probe.stamp = stamp
+    try:
+        assert wait_until(lambda: probe.state().startswith('holding: joint_states'), 5.0), probe.state()
+        assert message in probe.state()
+        assert wait_until(lambda: probe.inputs_status.get(
+            'vla_policy_node: input joint_states', {}).get('level') == '2', 3.0)
+        count = probe.command_count()
+        time.sleep(0.5)
+        assert probe.command_count() == count
+    finally:
+        probe.stamp = 'now'
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert_safe(probe)
+
+
+def test_velocity_only_joint_states_are_ignored_and_counted(system):
+    node, probe = system
+    probe.velocity_only = True
+    try:
+        assert wait_until(lambda: probe.counter('joint_states_without_positions') > 10, 5.0)
+        count = probe.command_count()
+        assert wait_until(lambda: probe.command_count() > count + 10, 5.0)
+        assert probe.state() == 'commanding'
+    finally:
+        probe.velocity_only = False
+
+
+def test_another_publisher_on_the_command_topic_stops_commands(system):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    intruder = probe.node.create_publisher(JointTrajectory, CONFIG['command_topic'], COMMAND_QOS)
+    try:
+        assert wait_until(lambda: 'other publisher' in probe.state(), 5.0), probe.state()
+        count = probe.command_count()
+        time.sleep(0.5)
+        assert probe.command_count() == count, 'commanded while another node does'
+        assert probe.policy_status.get('level') == '2'
+    finally:
+        probe.node.destroy_publisher(intruder)
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert_safe(probe)
+
+
+def test_when_the_controller_returns_the_node_re_enters_from_the_measured_state(system):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    probe.node.destroy_subscription(probe.command_subscription)
+    assert wait_until(lambda: 'nobody subscribes' in probe.state(), 5.0), probe.state()
+    probe.offset = np.full(len(JOINTS), 0.7)        # moved by hand meanwhile
+    time.sleep(0.5)
+    start = probe.command_count()
+    probe.command_subscription = probe.node.create_subscription(
+        JointTrajectory, CONFIG['command_topic'], probe._on_command, COMMAND_QOS)
+    assert wait_until(lambda: probe.command_count() > start + 5, 10.0), node.output
+    measured = np.array([0.1 * i for i in range(len(JOINTS))]) + 0.7
+    first = probe.positions()[start]
+    assert np.all(np.abs(first - measured) <= MAX_STEP + 1e-9), (first, measured)
+    assert_safe(probe, start)
+    probe.offset = np.zeros(len(JOINTS))
+
+
+def test_limits_only_tighten_at_run_time(system):
+    node, probe = system
+    client = probe.node.create_client(SetParameters, '/vla_policy_node/set_parameters')
+    try:
+        assert client.wait_for_service(timeout_sec=10.0)
+
+        def set_value(name, value) -> tuple[bool, str]:
+            future = client.call_async(SetParameters.Request(
+                parameters=[Parameter(name, value=value).to_parameter_msg()]))
+            assert wait_until(future.done, 10.0)
+            result = future.result().results[0]
+            return result.successful, result.reason
+        ok, reason = set_value('limits.upper', [1e6] * len(JOINTS))
+        assert not ok and 'may only be tightened' in reason
+        ok, reason = set_value('limits.max_step', 10.0)
+        assert not ok and 'may only be tightened' in reason
+        ok, reason = set_value('use_sim_time', True)
+        assert not ok and 'use_sim_time is read-only' in reason
+        assert set_value('limits.max_step', 0.05)[0]
+    finally:
+        probe.node.destroy_client(client)
+
+
+def test_random_weights_refuse_to_start_unless_allowed():
+    process = NodeProcess([DEFAULT_CONFIG], next_domain_id(), random_weights=False)
+    try:
+        assert process.wait(timeout=60.0) == 1, process.output
+    finally:
+        process.kill()
+    assert "cannot start: parameter 'checkpoint' is empty, which builds a model with RANDOM" in process.output
+
+
+def test_a_stopped_sim_clock_makes_the_node_hold_and_keep_reporting(tmp_path):
+    from rosgraph_msgs.msg import Clock
+
+    class ClockedProbe(SafetyProbe):
+        """Publishes /clock from the wall clock until told to stop it."""
+
+        running = True
+
+        def start_clock(self) -> None:
+            self._clock = self.node.create_publisher(Clock, '/clock', 10)
+            self.node.create_timer(0.01, self._tick_clock)
+
+        def _tick_clock(self) -> None:
+            if self.running:
+                self._clock.publish(Clock(clock=self.node.get_clock().now().to_msg()))
+
+    def make(domain_id: int) -> ClockedProbe:
+        probe = ClockedProbe(domain_id)
+        probe.start_clock()
+        return probe
+    override = tmp_path / 'sim.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'use_sim_time': True}}}))
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), make) as (node, probe):
+        assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+        probe.running = False
+        assert wait_until(lambda: 'no control tick' in probe.state(), 5.0), probe.state()
+        assert probe.counter('watchdog_holds') == 1
+        time.sleep(0.3)
+        ticks, count = probe.counter('control_ticks'), probe.command_count()
+        time.sleep(1.5)
+        assert probe.counter('control_ticks') == ticks, 'the control timer runs on /clock'
+        assert probe.command_count() == count, 'nothing but the one hold while the clock stands'
+        probe.running = True
+        assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+        assert_safe(probe)

@@ -1,0 +1,522 @@
+"""
+The control loop: one tick of input health, chunk scheduling, hold decisions and clamping.
+
+Everything that decides what the robot is told lives here, free of ROS, so the node, the soak
+run and the property tests drive the same code::
+
+    inputs (on_image, on_joint_state, on_instruction, reject) --> ObservationBuffer
+    tick(now) --> input health, command link --> ChunkScheduler.take --> _emit --> sink
+    request --> inference thread --> on_inference_result --> ChunkScheduler.submit_chunk
+
+**Every command leaves through** :meth:`ControlLoop._emit`, holds included; it is the only
+caller of ``sink``. It guarantees, for every published point:
+
+* finite, and inside the *current* position limits;
+* within ``min(max_step, max_velocity / rate)`` of the previously published command. Only the
+  first command of a *segment* (the first ever, or the first after the command topic had no
+  subscriber, so nothing sent meanwhile was received) steps from the measured joint state
+  instead, which must then be fresh; a robot measured outside its limits by more than one
+  step cannot be reached by a safe command, so nothing is sent and the loop says so;
+* computed from observations at most ``max_action_age`` old at the time it is to execute
+  (holds repeat the last command, or the measured state, and compute nothing).
+
+Episode resets clear the plan and the policy's cache but never the last published command:
+the step limit survives resets. Holds: when commanding stops (bad input, no plan, a policy
+fault, a lost or contested command topic, a stalled clock) one hold is published (the last
+command) and nothing after it until commanding resumes. Limits may change at run time only
+inside the envelope given at start, and not so that the last command falls outside them.
+
+Thread safety: every public method takes the loop's lock; the inference thread calls
+``on_inference_result``; ``sink`` is called with the lock held (publish only, never block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+import math
+import threading
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from vla_policy_node.core.chunking import ChunkRequest, ChunkScheduler, Plan, SchedulerConfig
+from vla_policy_node.core.health import ERROR, FaultReport, FaultTally, InputHealth, OK, WARN
+from vla_policy_node.core.inference import FAULTS, InferenceResult
+from vla_policy_node.core.observations import INSTRUCTION, JOINT_STATES, ObservationBuffer
+from vla_policy_node.core.safety import check_finite, MotionLimits, SafetyError
+
+FAULT_STALE = 'stale'   # a chunk whose observation was too old when it arrived
+LOOP_FAULTS = FAULTS + (FAULT_STALE,)
+LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clamped_joints',
+                 'clamped_lookahead_joints', 'episode_resets', 'rejected_chunks',
+                 'rejected_inputs', 'stale_actions_refused', 'unreachable_commands',
+                 'joint_states_without_positions', 'watchdog_holds')
+LOG_PERIOD_S = 2.0
+
+
+class Inference(Protocol):
+    """What the loop needs of the inference thread (``InferenceWorker``, or a test double)."""
+
+    busy: bool
+
+    def bind(self, on_result: Callable[[InferenceResult], None]) -> None: ...
+    def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool: ...
+    def request_reset(self) -> None: ...
+
+
+# (points (T, J), observation time of each point (T,), or None for a hold)
+Sink = Callable[[np.ndarray, 'np.ndarray | None'], None]
+Log = Callable[[str, str], None]                # (severity 'info' | 'warning', text)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why nothing (or only a hold) may be commanded, and how bad that is."""
+
+    reason: str
+    level: int = WARN
+    counter: str | None = None      # counted when it starts a hold
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """
+    What the loop obeys; the run-time tunables can change through :meth:`ControlLoop.update`.
+
+    max_action_age: seconds an action's observation may be old when it executes; 0 derives
+    it as ``max_observation_age + horizon / control_rate_hz`` (fresh when the chunk starts,
+    then executed for one horizon). plan_points: points per command (this tick's first; 0:
+    every planned action, 1: this tick only). The watchdog holds after ``max_observation_age``
+    of wall-clock time without a tick (a stopped /clock under sim time).
+    """
+
+    joint_names: tuple[str, ...]
+    camera_names: tuple[str, ...]
+    control_rate_hz: float
+    limits: MotionLimits
+    max_observation_age: float = 0.5
+    max_action_age: float = 0.0
+    use_header_stamps: bool = True
+    reset_on_instruction_change: bool = True
+    plan_points: int = 0
+
+    def __post_init__(self) -> None:
+        if self.limits.num_joints != len(self.joint_names):
+            raise ValueError(f'limits describe {self.limits.num_joints} joints, '
+                             f'joint_names has {len(self.joint_names)}')
+        for name in ('control_rate_hz', 'max_observation_age'):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f'{name} must be finite and > 0, got {value}')
+        if not (math.isfinite(self.max_action_age) and self.max_action_age >= 0):
+            raise ValueError(f'max_action_age must be finite and >= 0, got {self.max_action_age}')
+        if self.plan_points < 0:
+            raise ValueError(f'plan_points must be >= 0, got {self.plan_points}')
+
+    @property
+    def dt(self) -> float:
+        """Return the nominal control period in seconds."""
+        return 1.0 / self.control_rate_hz
+
+    def action_age_limit(self, horizon: int) -> float:
+        """``max_action_age``, or its derived default for chunks of ``horizon`` actions."""
+        if self.max_action_age > 0:
+            return self.max_action_age
+        return self.max_observation_age + horizon * self.dt
+
+
+@dataclass(frozen=True)
+class LoopStatus:
+    """A consistent snapshot for /diagnostics (levels: core.health)."""
+
+    state: str
+    level: int
+    counters: dict[str, int]
+    inputs: Sequence[InputHealth] = field(default_factory=tuple)
+    policy_faults: FaultReport = FaultReport({})
+    max_action_age: float = 0.0
+    last_chunk_latency: float | None = None
+
+
+class ControlLoop:
+    """Owns a tick: inputs, scheduler, holds and the one exit for commands (``_emit``)."""
+
+    def __init__(self, settings: LoopSettings, scheduler: SchedulerConfig, inference: Inference,
+                 sink: Sink, log: Log = lambda severity, text: None,
+                 wall_clock: Callable[[], float] = time.monotonic,
+                 on_chunk_ready: Callable[[], None] = lambda: None) -> None:
+        self._settings = settings
+        self._envelope = settings.limits
+        self._scheduler = ChunkScheduler(scheduler)
+        self._inputs = ObservationBuffer(settings.camera_names, settings.joint_names)
+        self._inference = inference
+        self._sink = sink
+        self._log = log
+        self._wall = wall_clock
+        self._on_chunk_ready = on_chunk_ready
+        self._lock = threading.RLock()
+        self._counters = dict.fromkeys(LOOP_COUNTERS, 0)
+        self._faults = FaultTally(LOOP_FAULTS, warn_only=('late', FAULT_STALE))
+        self._last_published: np.ndarray | None = None
+        self._hold_reason: str | None = 'starting'
+        self._hold_level = WARN
+        self._policy_fault: str | None = None
+        self._link_problem: Refusal | None = None
+        self._clock_now: float | None = None         # the loop clock at the last tick
+        self._clock_advanced = wall_clock()            # wall time when it last moved on
+        self._last_latency: float | None = None
+        self._stopped = False
+        self._last_log: dict[str, float] = {}
+        inference.bind(self.on_inference_result)
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def settings(self) -> LoopSettings:
+        """Return the settings in force."""
+        return self._settings
+
+    @property
+    def last_published(self) -> np.ndarray | None:
+        """Return the last command that left (J,), or None before the first of a segment."""
+        with self._lock:
+            return None if self._last_published is None else self._last_published.copy()
+
+    @property
+    def hold_reason(self) -> str | None:
+        """Return why the loop holds, or None while it commands."""
+        with self._lock:
+            return self._hold_reason
+
+    def check_update(self, settings: LoopSettings) -> str | None:
+        """Say why ``settings`` may not replace the current ones, or None when they may."""
+        fixed = ('joint_names', 'camera_names', 'control_rate_hz')
+        changed = [name for name in fixed if getattr(settings, name) != getattr(self._settings, name)]
+        if changed:
+            return f'{changed} cannot change while the loop runs'
+        looser = settings.limits.loosened_from(self._envelope)
+        if looser is not None:
+            return f'limits: {looser}'
+        with self._lock:
+            last = self._last_published
+            if last is not None and not settings.limits.contains(last):
+                joints = [self._settings.joint_names[i] for i in settings.limits.outside(last)]
+                return (f'limits: the last command lies outside the new limits for {joints}; '
+                        'move the robot inside them first')
+        return None
+
+    def update(self, settings: LoopSettings) -> None:
+        """Replace the settings (run-time tunables); raises ValueError when ``check_update`` objects."""
+        with self._lock:
+            reason = self.check_update(settings)
+            if reason is not None:
+                raise ValueError(reason)
+            self._settings = settings
+
+    def set_command_link(self, subscribers: int, other_publishers: int) -> None:
+        """
+        Tell the loop who else is on the command topic; commands stop unless exactly we send.
+
+        No subscriber: nothing sent is received, so the next command steps from the measured
+        state (a new segment). Another publisher: two senders interleave and the step limit
+        means nothing, so the loop refuses to command until it is alone.
+        """
+        with self._lock:
+            if other_publishers > 0:
+                self._link_problem = Refusal(
+                    f'{other_publishers} other publisher(s) on the command topic: refusing to '
+                    'command (another node with the same name or topic?)', ERROR)
+            elif subscribers == 0:
+                self._link_problem = Refusal('nobody subscribes to the command topic')
+            else:
+                self._link_problem = None
+            if subscribers == 0:
+                self._last_published = None       # not received: re-enter from the measured state
+
+    # ------------------------------------------------------------------ inputs
+    def wants_observation(self) -> bool:
+        """Tell whether a fresh frame would start a request now (worth decoding it at once)."""
+        with self._lock:
+            return not self._stopped and self._scheduler.needs_chunk() and not self._inference.busy
+
+    def on_image(self, camera: str, rgb: np.ndarray, now: float, stamp: float | None) -> None:
+        """Store a converted frame; with all inputs healthy it may start a request at once."""
+        with self._lock:
+            settings = self._settings
+            problem = self._inputs.set_image(
+                camera, rgb, now, stamp if settings.use_header_stamps else None,
+                settings.max_observation_age)
+            if problem is not None:
+                self._mark_rejected(camera, problem)
+            elif not self._stopped and self._blocking_problem(now) is None:
+                self._request_chunk(now)        # start on the fresh frame, not at the next tick
+
+    def on_joint_state(self, names: Sequence[str], positions: Sequence[float], now: float,
+                       stamp: float | None) -> tuple[str, ...]:
+        """Merge a joint state (ignored without positions); returns its unconfigured names."""
+        with self._lock:
+            if len(positions) == 0:
+                self._counters['joint_states_without_positions'] += 1
+                return ()
+            settings = self._settings
+            try:
+                problem, unknown = self._inputs.set_joint_state(
+                    names, positions, now, stamp if settings.use_header_stamps else None,
+                    settings.max_observation_age)
+            except ValueError as error:
+                problem, unknown = str(error), ()
+            if problem is not None:
+                self._mark_rejected(JOINT_STATES, problem)
+            return unknown
+
+    def on_instruction(self, text: str) -> bool:
+        """Store a validated task; True when it changed and that started a new episode."""
+        with self._lock:
+            new = text != self._inputs.instruction
+            changed = self._inputs.set_instruction(text)
+        if new:
+            self._log('info', f'instruction: {text[:200]!r}')
+        if changed and self._settings.reset_on_instruction_change:
+            self.reset_episode('instruction changed')
+            return True
+        return False
+
+    def reject(self, stream: str, reason: str) -> None:
+        """Mark ``stream`` faulted (no command until it recovers): a message that failed conversion."""
+        with self._lock:
+            self._mark_rejected(stream, reason)
+
+    def _mark_rejected(self, stream: str, reason: str) -> None:
+        self._inputs.reject(stream, reason)
+        self._counters['rejected_inputs'] += 1
+        self._limited_log(stream, 'warning', f'rejected {stream} input: {reason}; holding')
+
+    # ------------------------------------------------------------------ control
+    def tick(self, now: float) -> None:
+        """Run one control step at ``now`` (the loop's clock): command, or hold."""
+        with self._lock:
+            if self._stopped:
+                return
+            if now != self._clock_now:
+                self._clock_now, self._clock_advanced = now, self._wall()
+            self._counters['control_ticks'] += 1
+            problem = self._blocking_problem(now)
+            if problem is not None:
+                self._discard_plan()
+                self._hold(now, problem)
+                return
+            # Execute this tick's step first: a request made now is for the next step, so the
+            # delay compensation counts exactly the steps executed while the chunk is computed.
+            plan = self._scheduler.take(now, self._settings.plan_points)
+            if plan is None:
+                self._hold(now, Refusal(self._policy_fault or 'waiting for actions from the policy'))
+            else:
+                self._command(now, plan)
+            self._request_chunk(now)
+
+    def watchdog(self, now: float) -> None:
+        """Hold once the loop's clock stood still for ``max_observation_age`` of wall-clock time."""
+        with self._lock:
+            problem = self._clock_problem()
+            if self._stopped or problem is None:
+                return
+            self._discard_plan()
+            self._hold(now, problem)
+
+    def _clock_problem(self) -> Refusal | None:
+        """Refuse to command on a stopped loop clock (no tick, a frozen /clock): ages mean nothing."""
+        silent = self._wall() - self._clock_advanced
+        if silent <= self._settings.max_observation_age:
+            return None
+        return Refusal(f'no control tick for {silent:.2f} s of wall-clock time '
+                       '(with use_sim_time: is /clock running?)', counter='watchdog_holds')
+
+    def _blocking_problem(self, now: float) -> Refusal | None:
+        if self._link_problem is not None:
+            return self._link_problem
+        clock = self._clock_problem()
+        if clock is not None:
+            return clock
+        problem = self._inputs.problem(now, self._settings.max_observation_age)
+        return None if problem is None else Refusal(problem)
+
+    def _request_chunk(self, now: float) -> None:
+        if self._scheduler.needs_chunk() and not self._inference.busy:
+            request = self._scheduler.begin_request(now)
+            if not self._inference.submit(request, self._inputs.observation()):
+                self._scheduler.cancel_request(request)
+
+    def _discard_plan(self) -> None:
+        """Drop actions planned from observations taken before something went wrong."""
+        if self._scheduler.actions_left > 0 or self._scheduler.in_flight:
+            self._scheduler.drop_plan()
+
+    def _command(self, now: float, plan: Plan) -> None:
+        problem = self._emit(now, plan)
+        if problem is not None:
+            self._discard_plan()
+            self._hold(now, problem)
+            return
+        if self._hold_reason is not None:
+            self._log('info', f'commanding (was holding: {self._hold_reason})')
+        self._hold_reason = None
+
+    def _hold(self, now: float, why: Refusal) -> None:
+        """Stop commanding; on the transition, send one hold command and log why."""
+        if self._hold_reason is None:
+            if why.counter is not None:
+                self._counters[why.counter] += 1
+            problem = self._emit(now, None)
+            suffix = f' (no hold sent: {problem.reason})' if problem else ''
+            self._log('warning', f'holding: {why.reason}{suffix}')
+        elif why.reason != self._hold_reason:
+            self._limited_log('hold', 'warning', f'holding: {why.reason}')
+        self._hold_reason, self._hold_level = why.reason, why.level
+
+    def _emit(self, now: float, plan: Plan | None) -> Refusal | None:
+        """
+        Send ``plan`` (None: a hold) through every check, or nothing; why not, or None if sent.
+
+        The only caller of the sink. See the module docstring for what it guarantees.
+        """
+        if self._link_problem is not None:
+            return self._link_problem
+        settings = self._settings
+        limits = settings.limits
+        reference = self._last_published
+        if reference is None:
+            reference = self._inputs.fresh_positions(now, settings.max_observation_age)
+            if reference is None:
+                return Refusal('no fresh joint position to start from')
+        if plan is None:
+            targets, obs_times = reference[None, :], None
+        else:
+            targets = self._fresh_rows(now, plan)
+            if targets is None:
+                return self._stale(now, plan)
+            obs_times = plan.obs_times[:len(targets)]
+        try:
+            safe, clamped = limits.clamp_sequence(targets, reference, settings.dt)
+            check_finite(safe, 'command')
+        except SafetyError as error:
+            return Refusal(f'unsafe command: {error}', ERROR)
+        if not limits.contains(safe):
+            self._counters['unreachable_commands'] += 1
+            joints = [settings.joint_names[i] for i in limits.outside(safe[0])]
+            return Refusal(f'joints {joints} are measured outside their limits by more than one '
+                           'step: nothing can be commanded until they are back inside', ERROR)
+        self._sink(safe, obs_times)
+        self._last_published = safe[0].copy()
+        if plan is None:
+            self._counters['holds_published'] += 1
+        else:
+            self._counters['commands_published'] += 1
+            self._counters['clamped_joints'] += int(clamped[0])
+            self._counters['clamped_lookahead_joints'] += int(clamped[1:].sum())
+        return None
+
+    def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
+        """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""
+        limit = self._settings.action_age_limit(self._scheduler.config.horizon)
+        due = now + self._settings.dt * np.arange(len(plan.actions))
+        fresh = due - plan.obs_times <= limit
+        count = len(fresh) if fresh.all() else int(np.argmin(fresh))
+        return plan.actions[:count] if count else None
+
+    def _stale(self, now: float, plan: Plan) -> Refusal:
+        self._counters['stale_actions_refused'] += 1
+        limit = self._settings.action_age_limit(self._scheduler.config.horizon)
+        return Refusal(f'action computed from an observation {now - plan.obs_times[0]:.3f} s '
+                       f'old, more than max_action_age = {limit:.3f} s')
+
+    # ------------------------------------------------------------------ policy results
+    def on_inference_result(self, result: InferenceResult) -> None:
+        """Take a result of the inference thread; the scheduler decides whether it is used."""
+        with self._lock:
+            if self._stopped:
+                return
+            latency = result.finished_at - result.request.obs_time
+            fault, error = result.fault, result.error
+            stale = latency > self._settings.max_observation_age
+            if fault is None and stale and self._scheduler.awaits(result.request):
+                fault, error = FAULT_STALE, (
+                    f'chunk arrived {latency:.3f} s after its observation, more than '
+                    f'max_observation_age = {self._settings.max_observation_age:g} s')
+            if fault is not None:
+                self._last_latency = latency
+                message = f'policy {fault}: {error}'
+                self._faults.add(fault, message, result.finished_at)
+                self._scheduler.cancel_request(result.request)
+                self._policy_fault = message
+                self._discard_plan()
+                self._hold(result.finished_at, Refusal(message, WARN if fault == FAULT_STALE else ERROR))
+                self._limited_log(f'policy {fault}', 'warning', f'discarded policy output: {message}')
+                return
+            try:
+                accepted = self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at)
+            except ValueError as rejected:
+                self._counters['rejected_chunks'] += 1
+                self._limited_log('rejected chunk', 'warning', f'discarded policy output: {rejected}')
+                return
+            if accepted:
+                self._last_latency = latency
+                self._policy_fault = None
+                if self._hold_reason is not None:
+                    self._on_chunk_ready()
+
+    # ------------------------------------------------------------------ episodes
+    def reset_episode(self, reason: str) -> int:
+        """Start a new episode (plan, blending, the policy's cache); return the reset count."""
+        with self._lock:
+            self._scheduler.reset()
+            self._inference.request_reset()
+            self._counters['episode_resets'] += 1
+            count = self._counters['episode_resets']
+        self._log('info', f'episode reset #{count} ({reason})')
+        return count
+
+    def stop(self, now: float) -> bool:
+        """Stop for good after one last hold; whether the hold was sent."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._stopped = True
+            self._discard_plan()
+            problem = self._emit(now, None)
+            self._hold_reason = 'stopped'
+            return problem is None
+
+    # ------------------------------------------------------------------ reporting
+    def status(self, now: float, report_period: float) -> LoopStatus:
+        """Take a consistent snapshot of counters, state and input health."""
+        with self._lock:
+            settings = self._settings
+            inputs = self._inputs.health(now, settings.max_observation_age)
+            faults = self._faults.report(now, report_period)
+            counters = {**self._counters, **{
+                f'policy_{kind}': count for kind, count in self._faults.totals.items()}, **{
+                ('scheduler_resets' if key == 'resets' else key): value
+                for key, value in self._scheduler.stats.items()}}
+            hold, hold_level = self._hold_reason, self._hold_level
+            action_age = settings.action_age_limit(self._scheduler.config.horizon)
+            latency = self._last_latency
+        level = max([OK, faults.level] + [health.level for health in inputs])
+        if hold is not None:
+            level = max(level, hold_level)
+        if latency is not None and latency > settings.max_observation_age:
+            level = max(level, WARN)
+        return LoopStatus(state='commanding' if hold is None else f'holding: {hold}', level=level,
+                          counters=counters, inputs=inputs, policy_faults=faults,
+                          max_action_age=action_age, last_chunk_latency=latency)
+
+    def _limited_log(self, key: str, severity: str, text: str) -> None:
+        """Log at most once per LOG_PERIOD_S per key, so a bad stream cannot flood the log."""
+        wall = self._wall()
+        if wall - self._last_log.get(key, -math.inf) >= LOG_PERIOD_S:
+            self._last_log[key] = wall
+            self._log(severity, text)
+
+
+__all__ = ['ControlLoop', 'FAULT_STALE', 'INSTRUCTION', 'JOINT_STATES', 'LoopSettings',
+           'LoopStatus', 'LOOP_FAULTS', 'Refusal']
