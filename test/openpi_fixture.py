@@ -59,7 +59,7 @@ def openpi_config(discrete_state_input: bool) -> dict:
 
 
 def openpi_key(module_key: str) -> str:
-    """Module state-dict key -> openpi checkpoint key (the inverse of the family's un-rooted key rules)."""
+    """Map a module state-dict key to its openpi checkpoint key (the family's un-rooted key rules, inverted)."""
     rules = [(ckpt, mod) for ckpt, mod in backbone_key_rules([]) if mod is not None and not ckpt.startswith("model.")
              and not ckpt.endswith("lm_head.")]
     for ckpt, mod in sorted(rules, key=lambda r: -len(r[1])):

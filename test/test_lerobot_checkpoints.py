@@ -33,7 +33,7 @@ def raw_observation(inp, task="pick up the red cube"):
 
 @pytest.fixture
 def pi0_copy(reference_dir, tmp_path):
-    """A writable copy of the shared pi0 fixture (the shared folder itself is read-only input)."""
+    """Copy the shared pi0 fixture to a writable folder (the shared folder itself is read-only input)."""
     folder = tmp_path / "pi0"
     shutil.copytree(reference_dir("pi0"), folder)
     return folder
@@ -80,7 +80,7 @@ def test_a_task_that_is_not_a_string_names_the_field(task):
 
 
 def lerobot_0_5_images(inp):
-    """LeRobot >= 0.5 inputs: LeRobot 0.4.4's, with the padded pixels at -1 instead of -3."""
+    """Return the images LeRobot >= 0.5 feeds: LeRobot 0.4.4's, padded pixels at -1 instead of -3."""
     images = [inp[k] for k in sorted(k for k in inp if k.startswith("model_input.image.")
                                      and not k.startswith("model_input.image_mask"))]
     return [im.where(im != -3.0, -1.0) for im in images]

@@ -1,4 +1,4 @@
-"""
+r"""
 openpi-layout pi0.5 (8-dim state, ``discrete_state_input`` true and false) against openpi's own definitions.
 
 openpi cannot run here (JAX, a downloaded SentencePiece model), so the expected values are
@@ -6,9 +6,9 @@ re-derived in this file from openpi's published definitions, each cited where it
 
 - ``src/openpi/models/tokenizer.py`` at 85cd0a4b, ``PaligemmaTokenizer.tokenize``: the prompt
   is cleaned (``strip``, ``_`` and newlines -> spaces); with a state it is
-  ``"Task: {cleaned}, State: {bins};\\nAction: "`` with ``bins = digitize(state,
+  ``"Task: {cleaned}, State: {bins};\nAction: "`` with ``bins = digitize(state,
   linspace(-1, 1, 257)[:-1]) - 1``, encoded with BOS; without, ``encode(cleaned, add_bos) +
-  encode("\\n")``; then right-padded with 0 to ``max_len``, the mask True on the tokens.
+  encode("\n")``; then right-padded with 0 to ``max_len``, the mask True on the tokens.
 - ``src/openpi/training/config.py`` (``ModelTransformFactory``, PI05): ``TokenizePrompt(...,
   discrete_state_input=...)`` runs before ``PadStatesAndActions``, so the bins cover the
   robot's own state dim; ``pi05_libero`` is ``Pi0Config(pi05=True, action_horizon=10,
@@ -62,7 +62,7 @@ def openpi_bins(normalized: np.ndarray) -> list[int]:
 
 
 def raw_state() -> np.ndarray:
-    """An 8-dim state; the narrow joint sits 7e-5 above bin edge 0.5 without the epsilon, below it with."""
+    """Build an 8-dim state; the narrow joint sits 7e-5 above bin edge 0.5 without the epsilon, below it with."""
     s = stats("state")
     normalized = np.linspace(-0.9, 0.9, STATE_DIM)
     normalized[NARROW_JOINT] = 0.5 + 7e-5

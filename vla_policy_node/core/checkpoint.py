@@ -127,7 +127,7 @@ def parse_version(value: str, source: str) -> tuple[int, ...]:
 
 def lerobot_version(folder: Path) -> Optional[tuple[int, ...]]:
     """
-    The LeRobot version that wrote the checkpoint, from ``vla_policy_node.json`` (None when absent).
+    Return the LeRobot version that wrote the checkpoint, from ``vla_policy_node.json`` (None if absent).
 
     LeRobot's own files record no version (``config.json`` is a draccus dump of the policy
     config, the processor files list their steps), yet pi0 / pi0.5 preprocessing changed in

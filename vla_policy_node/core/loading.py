@@ -148,7 +148,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
 
 
 def _padding_side(tok_cfg: dict, source: str) -> str:
-    """LeRobot's ``TokenizerProcessorStep.padding_side`` (left or right; right when not recorded)."""
+    """Read ``padding_side`` of LeRobot's tokenizer step (left or right; right when not recorded)."""
     side = ckpt.config_value(tok_cfg, "padding_side", str, "right", source)
     if side not in PADDING_SIDES:
         raise ckpt.CheckpointError(f"{source}: padding_side must be one of {PADDING_SIDES}, got {side!r:.40}")
@@ -156,7 +156,7 @@ def _padding_side(tok_cfg: dict, source: str) -> str:
 
 
 def _lerobot_version(folder: Path, override: Optional[str]) -> tuple[int, ...]:
-    """The LeRobot version that wrote ``folder``: the override, else ``vla_policy_node.json``, else 0.4."""
+    """Return the LeRobot version that wrote ``folder``: the override, else ``vla_policy_node.json``, else 0.4."""
     if override is not None:
         return ckpt.parse_version(override, "lerobot_version")
     recorded = ckpt.lerobot_version(folder)

@@ -97,7 +97,7 @@ class Normalizer:
         return (x + np.float32(1.0)) * span / np.float32(2.0) + lo
 
     def _openpi(self, x: np.ndarray, inverse: bool) -> np.ndarray:
-        """openpi's float64 arithmetic, the epsilon always added (``transforms.Normalize``)."""
+        """Apply openpi's float64 arithmetic, the epsilon always added (``transforms.Normalize``)."""
         self._check(x)
         if self.mode == "IDENTITY":
             return x

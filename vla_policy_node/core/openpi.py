@@ -1,4 +1,4 @@
-"""
+r"""
 openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
 
 openpi configs carry no LeRobot ``type``; they are recognised by their own
@@ -15,7 +15,7 @@ LeRobot's pi0/pi0.5 processors:
   *own* normalized state (e.g. 8 values for LIBERO), because openpi tokenizes before
   ``PadStatesAndActions``; LeRobot 0.4 discretizes all ``max_state_dim`` values;
 - otherwise (pi0, or ``discrete_state_input: false`` as in ``pi05_libero``) the prompt is
-  the cleaned task, BOS first, followed by ``"\\n"`` tokenized on its own.
+  the cleaned task, BOS first, followed by ``"\n"`` tokenized on its own.
 
 openpi's converter writes only ``action_dim``, ``action_horizon`` and the variants to
 ``config.json``; ``pi05``, ``discrete_state_input``, ``max_token_len`` and ``num_steps``
@@ -69,13 +69,13 @@ def lerobot_style_config(config: dict, state_dim: int, action_dim: int, image_si
 
 
 def discrete_state_input(config: dict) -> bool:
-    """openpi's ``Pi0Config.discrete_state_input``: defaults to ``pi05``; pi0 never has state tokens."""
+    """Read ``Pi0Config.discrete_state_input`` as openpi does: defaults to ``pi05``; never for pi0."""
     pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
     return pi05 and ckpt.config_value(config, "discrete_state_input", bool, pi05, "config.json")
 
 
 def clean_task(task: str) -> str:
-    """openpi's prompt cleaning: strip, then ``_`` and newlines become spaces."""
+    """Clean the task as openpi does: strip, then ``_`` and newlines become spaces."""
     return task.strip().replace("_", " ").replace("\n", " ")
 
 
@@ -86,7 +86,7 @@ def state_bins(normalized_state: np.ndarray) -> np.ndarray:
 
 
 def openpi_prompt(discrete_state: bool) -> PromptFn:
-    """The prompt openpi tokenizes: with the state's bins (pi0.5 default), or the task and a lone newline."""
+    """Build the prompt openpi tokenizes: with the state's bins (pi0.5 default), or the task and a lone newline."""
     def with_state(task: str, state: np.ndarray) -> Prompt:
         bins = " ".join(str(int(b)) for b in state_bins(state))
         return f"Task: {clean_task(task)}, State: {bins};\nAction: "
@@ -107,7 +107,8 @@ def norm_stats_file(folder: Path) -> Path:
 
 
 def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer]:
-    """(state normalizer, action un-normalizer): z-score for pi0, q01/q99 quantiles for pi0.5, as openpi.
+    """
+    (state normalizer, action un-normalizer): z-score for pi0, q01/q99 quantiles for pi0.5, as openpi.
 
     openpi reads ``norm_stats.json`` as float64 and computes in float64 with the epsilon
     always added (``normalization`` module, ``openpi`` convention).

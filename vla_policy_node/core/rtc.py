@@ -134,7 +134,7 @@ def guided_velocity(
 
 def _lerobot_guided_velocity(x_t: Tensor, t: float, velocity: Callable[[Tensor], Tensor], prefix: Tensor,
                              delay: int, max_guidance_weight: float) -> Tensor:
-    """LeRobot's guidance: no Jacobian, prefix zero-padded to (H, A), linear prefix weights."""
+    """Guide as LeRobot does: no Jacobian, prefix zero-padded to (H, A), linear prefix weights."""
     horizon = x_t.shape[-2]
     overlap, prefix_dim = prefix.shape[-2:]
     v = velocity(x_t)
