@@ -13,7 +13,7 @@ Two conventions, because the frameworks differ in the last bits:
 - ``openpi`` (``openpi.transforms.Normalize`` / ``Unnormalize``): float64 (its
   ``norm_stats.json`` loads as float64), ``eps`` always added to the divisor and to the
   multiplier: ``(x - mean) / (std + eps)``, ``(x - q01) / (q99 - q01 + eps) * 2 - 1``.
-  On a 0.01-wide joint the two differ by 1.8e-4, enough to move a pi0.5 state bin.
+  On a 0.01-wide joint the two differ by up to 2e-4, enough to move a pi0.5 state bin.
 """
 
 from __future__ import annotations
