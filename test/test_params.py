@@ -51,6 +51,12 @@ def test_random_weights_never_start_unless_allowed():
                                  'allow_random_weights': False}).checkpoint == '/robot/policy'
 
 
+def test_rtc_guidance_reaches_the_chunking_settings():
+    assert settings_from_values(VALUES).chunking.rtc_guidance == 'paper'
+    lerobot = settings_from_values({**VALUES, 'chunking.rtc_guidance': 'lerobot'})
+    assert lerobot.chunking.rtc_guidance == 'lerobot'
+
+
 def test_default_yaml_is_valid():
     settings = settings_from_values(VALUES)
     assert settings.joint_names == tuple(DEFAULTS['joint_names'])
@@ -81,6 +87,8 @@ def test_default_yaml_is_valid():
     ({'chunking.blend': 'smooth'},
      "parameter 'chunking.blend' = 'smooth' must be a string "
      '(one of latest, weighted, temporal_ensemble, rtc)'),
+    ({'chunking.rtc_guidance': 'kinetix'},
+     "parameter 'chunking.rtc_guidance' = 'kinetix' must be a string (one of paper, lerobot)"),
 ])
 def test_bad_values_are_refused_with_a_reason(change, message):
     with pytest.raises(ParameterError) as error:

@@ -254,9 +254,9 @@ def test_reused_tokens_equal_a_fresh_tokenization(preprocessor, tasks):
     """The last prompt's tokens are reused while the task repeats, and always equal the tokenizer's own."""
     calls = []
 
-    def counting(prompts, max_length, padding):
+    def counting(prompts, max_length, padding, padding_side):
         calls.append(list(prompts))
-        return preprocessor.tokenizer(prompts, max_length, padding)
+        return preprocessor.tokenizer(prompts, max_length, padding, padding_side)
     counted = dataclasses.replace(preprocessor, tokenizer=counting)
     for task in tasks:
         out = counted({**VALID, "task": task})

@@ -162,3 +162,73 @@ def test_guides_the_tiny_policy_through_its_runtime():
     )
     assert np.abs(guided[0, :3] - 0.8).max() < 0.1 < np.abs(free[0, :3] - 0.8).mean()
     assert policy.stats.prefix_passes == passes + 1  # guidance does not recompute the prefix
+
+
+# LeRobot's own test cases: huggingface/lerobot tests/policies/rtc/test_modeling_rtc.py
+# (commit 2336fbeb), test_denoise_step_with_prev_chunk and
+# test_denoise_step_uses_custom_execution_horizon: RTCProcessor.denoise_step with the default
+# LINEAR schedule, max_guidance_weight 10, v(x) = 0.5 x, x_t = 1 (20 steps, 1 dim),
+# prev chunk 0.1, inference_delay 5, time 0.5. Our prefix is the part LeRobot's execution
+# horizon keeps (10 and 15 actions).
+LEROBOT_EXPECTED = {
+    10: [1.8] * 5 + [1.5833, 1.3667, 1.1500, 0.9333, 0.7167] + [0.5] * 10,
+    15: [1.8] * 5 + [1.6818, 1.5636, 1.4455, 1.3273, 1.2091, 1.0909, 0.9727, 0.8545, 0.7364, 0.6182] + [0.5] * 5,
+}
+
+
+@pytest.mark.parametrize("horizon", [10, 15])
+def test_lerobot_guidance_reproduces_lerobots_test_case(horizon):
+    x = torch.ones(1, 20, 1)
+    prefix = torch.full((horizon, 1), 0.1)
+    out = guided_velocity(x, 0.5, lambda z: 0.5 * z, prefix, 5, 10.0, guidance="lerobot")
+    torch.testing.assert_close(out[0, :, 0], torch.tensor(LEROBOT_EXPECTED[horizon]), atol=1e-4, rtol=0)
+
+
+def test_paper_guidance_on_lerobots_test_case_keeps_the_jacobian():
+    # The paper's g is the vector-Jacobian product: d x0_hat / d x = 1 - 0.5 t = 0.75 here,
+    # so the full-weight actions get 0.5 + 2 * 0.65 * 0.75 = 1.475 where LeRobot gives 1.8.
+    x = torch.ones(1, 20, 1)
+    with torch.no_grad():
+        out = guided_velocity(x, 0.5, lambda z: 0.5 * z, torch.full((10, 1), 0.1), 5, 10.0)
+    expected = 0.5 + 2.0 * 0.65 * 0.75 * torch.as_tensor(prefix_weights(5, 10, 20), dtype=torch.float32)
+    torch.testing.assert_close(out[0, :, 0], expected, atol=1e-6, rtol=0)
+    assert out[0, 0, 0].item() == pytest.approx(1.475)
+
+
+def test_lerobot_guidance_pulls_padded_action_dims_to_zero_and_needs_no_autograd():
+    x = torch.full((1, 6, 3), 2.0)
+    prefix = torch.full((4, 2), 1.0)                     # 2 robot dims; the third is padding
+    with torch.inference_mode():                        # no backward pass: inference mode is fine
+        out = guided_velocity(x, 0.5, lambda z: torch.zeros_like(z), prefix, 2, 10.0, guidance="lerobot")
+    w = torch.as_tensor(prefix_weights(2, 4, 6, "linear"), dtype=torch.float32)
+    # v = 0 so x0_hat = x = 2; the error is (1 - 2) on robot dims and (0 - 2) on the padded one.
+    torch.testing.assert_close(out[0, :, 0], 2.0 * w)
+    torch.testing.assert_close(out[0, :, 2], 4.0 * w)
+    with torch.no_grad():
+        paper = guided_velocity(x.clone(), 0.5, lambda z: torch.zeros_like(z), prefix, 2, 10.0)
+    assert torch.all(paper[0, :, 2] == 0)              # the paper's guidance leaves padded dims alone
+    with pytest.raises(ValueError, match="guidance must be one of"):
+        guided_velocity(x, 0.5, lambda z: z, prefix, 2, 10.0, guidance="kinetix")
+
+
+def test_linear_prefix_weights_match_lerobots_schedule():
+    # LeRobot RTCProcessor.get_prefix_weights(start=5, end=14, total=25), LINEAR: leading ones,
+    # linspace(1, 0, 11)[1:-1], trailing zeros (test_get_prefix_weights_linear_schedule).
+    expected = [1.0] * 5 + [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1] + [0.0] * 11
+    np.testing.assert_allclose(prefix_weights(5, 14, 25, "linear"), expected, atol=1e-12)
+    with pytest.raises(ValueError, match="schedule"):
+        prefix_weights(5, 14, 25, "cosine")
+
+
+def test_scheduler_passes_the_guidance_choice_to_the_policy_request():
+    from vla_policy_node.core.chunking import ChunkScheduler, SchedulerConfig
+
+    with pytest.raises(ValueError, match="rtc_guidance"):
+        SchedulerConfig(control_rate_hz=10.0, horizon=8, blend="rtc", rtc_guidance="kinetix")
+    scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=10.0, horizon=8, blend="rtc",
+                                               rtc_guidance="lerobot"))
+    first = scheduler.begin_request(0.0)
+    scheduler.submit_chunk(first, np.zeros((8, 2)), 0.05)
+    for k in range(5):
+        scheduler.next_action(0.1 * (k + 1))
+    assert scheduler.begin_request(0.6).rtc.guidance == "lerobot"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import struct
 import typing
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .normalization import Normalizer
 from .tokenizer import resolve_tokenizer
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SETTINGS_FILE = "vla_policy_node.json"   # what the checkpoint's own files do not say, written by the user
 MAX_JSON_BYTES = 16 * 2**20
 MAX_HEADER_BYTES = 100 * 2**20       # the limit the safetensors library itself enforces
 MAX_STATS_BYTES = 16 * 2**20         # normalization statistics are a few vectors
@@ -113,6 +115,29 @@ def check_config_types(config: object, source: str) -> None:
             raise CheckpointError(f"{where} must be a list, got {type(value).__name__} {value!r:.80}")
         if isinstance(value, int) and not isinstance(value, bool) and value > 2**31:
             raise CheckpointError(f"{where} = {value} is implausibly large")
+
+
+def parse_version(value: str, source: str) -> tuple[int, ...]:
+    """'0.5', '0.4.4' or '0.5.1.dev0' -> (0, 5), (0, 4, 4), (0, 5, 1)."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?([.+-]?[A-Za-z0-9.+-]*)", value.strip())
+    if not match:
+        raise CheckpointError(f"{source} must be a version such as 0.5 or 0.4.4, got {value!r:.80}")
+    return tuple(int(g) for g in match.groups()[:3] if g is not None)
+
+
+def lerobot_version(folder: Path) -> Optional[tuple[int, ...]]:
+    """
+    Return the LeRobot version that wrote the checkpoint, from ``vla_policy_node.json`` (None if absent).
+
+    LeRobot's own files record no version (``config.json`` is a draccus dump of the policy
+    config, the processor files list their steps), yet pi0 / pi0.5 preprocessing changed in
+    0.5; so the user says it once, beside the checkpoint: ``{"lerobot_version": "0.5.1"}``.
+    """
+    path = inside(folder, SETTINGS_FILE)
+    if not path.is_file():
+        return None
+    value = config_value(read_json(path), "lerobot_version", str, "", SETTINGS_FILE)
+    return parse_version(value, f"{SETTINGS_FILE}: lerobot_version") if value else None
 
 
 # ------------------------------------------------------------------ safetensors

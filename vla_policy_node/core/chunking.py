@@ -25,6 +25,7 @@ Blending of the overlap between the running plan and the new chunk (``blend``):
   ``exp(-m * i)``, ``i = 0`` for the oldest such chunk.
 - ``rtc``: the request carries the committed actions and the delay (``RTCGuidance``)
   for the policy to inpaint the new chunk (see ``rtc.py``); executed like ``latest``.
+  ``rtc_guidance`` picks the paper's guidance or LeRobot's (``RTC_GUIDANCE``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BLEND_MODES = ("latest", "weighted", "temporal_ensemble", "rtc")
+RTC_GUIDANCE = ("paper", "lerobot")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class SchedulerConfig:
     blend_weight: float = 0.5  # weighted: weight of the new chunk over the overlap
     ensemble_decay: float = 0.1  # temporal_ensemble: m in exp(-m * i), i = 0 oldest
     rtc_max_guidance_weight: float = 10.0  # rtc: beta, clip of the guidance weight
+    rtc_guidance: str = "paper"  # rtc: one of RTC_GUIDANCE
     delay_window: int = 8  # delay estimate = max latency of the last N steady-state chunks
     rate_ema_alpha: float = 0.05  # weight of one tick interval in the measured rate
 
@@ -67,6 +70,8 @@ class SchedulerConfig:
             raise ValueError(f"ensemble_decay must be finite and >= 0, got {self.ensemble_decay}")
         if not (math.isfinite(self.rtc_max_guidance_weight) and self.rtc_max_guidance_weight > 0):
             raise ValueError(f"rtc_max_guidance_weight must be finite and > 0, got {self.rtc_max_guidance_weight}")
+        if self.rtc_guidance not in RTC_GUIDANCE:
+            raise ValueError(f"rtc_guidance must be one of {RTC_GUIDANCE}, got {self.rtc_guidance!r}")
         if self.delay_window < 1:
             raise ValueError(f"delay_window must be >= 1, got {self.delay_window}")
         if not 0.0 < self.rate_ema_alpha <= 1.0:
@@ -80,6 +85,7 @@ class RTCGuidance:
     prefix: np.ndarray  # (K, A) actions the robot will execute from the request on; read-only
     delay_steps: int  # d: actions of the new chunk that run before it arrives (0 <= d <= K); K until measured
     max_guidance_weight: float  # beta
+    guidance: str = "paper"  # one of RTC_GUIDANCE
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,7 @@ class ChunkScheduler:
             prefix.setflags(write=False)
             delay = self.delay_steps
             delay = len(prefix) if delay is None else min(delay, len(prefix))
-            rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight)
+            rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight, self.config.rtc_guidance)
         self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc)
         self._pending_is_startup = not self._received
         self._next_id += 1

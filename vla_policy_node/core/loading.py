@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,12 +17,12 @@ from . import openpi
 from .families import pi0 as pi0_family
 from .families import pi05 as pi05_family
 from .families import smolvla
-from .families.paligemma import PiConfig, prepare_image
+from .families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
 from .normalization import Normalizer
 from .policy import Policy, resolve_device, resolve_dtype
 from .precision import cast_model
 from .preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
-from .tokenizer import ByteTokenizer, TextTokenizer
+from .tokenizer import PADDING_SIDES, ByteTokenizer, TextTokenizer
 from .vision import VisionSpec
 from .weights import build_model, prefix_key_map
 
@@ -32,17 +33,21 @@ PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"   # LeRobot's default for pi0
 
 def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
                 allowed_roots: Sequence[str | Path] = (), attention_backend: str = "sdpa",
-                seed: int = 0, pack_weights: bool = True) -> Policy:
+                seed: int = 0, pack_weights: bool = True, lerobot_version: Optional[str] = None) -> Policy:
     """
     Load a LeRobot (or openpi) checkpoint folder; the family is read from its config.
 
     ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights that run
     (nearly as large as the weights): less memory, slower matmuls (see ``packed_linear``).
+    ``lerobot_version`` ("0.4.4", "0.5") names the LeRobot that wrote a pi0 / pi0.5 checkpoint
+    (its image padding differs); by default ``vla_policy_node.json`` in the folder says it,
+    else 0.4 is assumed, with a warning.
     """
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))
     family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
-    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": _pi, "pi05": _pi, "openpi": _pi}
+    pi = functools.partial(_pi, lerobot_version=lerobot_version)
+    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": pi, "pi05": pi, "openpi": pi}
     if not isinstance(family, str) or family not in builders:
         raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
                                    f"supported: {sorted(builders)}")
@@ -81,19 +86,21 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
         tokenizer=tokenizer, prompt=newline_prompt,
         max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
         padding=ckpt.config_value(tok_cfg, "padding", str, cfg.pad_language_to, source),
+        padding_side=_padding_side(tok_cfg, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
     return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed, pack_weights)
 
 
 def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
-        pack_weights: bool) -> Policy:
+        pack_weights: bool, lerobot_version: Optional[str] = None) -> Policy:
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
     tiny_path = ckpt.inside(folder, "tiny_dims.json")
     tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
     openpi_layout = openpi.is_openpi_config(config)
     if openpi_layout:
         pi05 = bool(config.get("pi05", False))
+        openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
         state_norm, action_norm = openpi.openpi_normalizers(folder, pi05)
         image_size = (tiny or {}).get("image_size", 224)
         config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
@@ -112,9 +119,11 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
                         prefix_key_map(family.key_rules()))
     source = "policy_preprocessor.json tokenizer_processor"
     tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
-    if family is pi05_family:
+    if openpi_layout:
+        prompt = openpi_prompt
+    elif family is pi05_family:
         def prompt(task: str, state: np.ndarray) -> str:
-            return pi05_family.pi05_prompt(task, state[:cfg.state_dim], cfg.max_state_dim)
+            return pi05_family.pi05_prompt(task, state, cfg.max_state_dim)
     else:
         def prompt(task: str, state: np.ndarray) -> str:
             return pi0_family.pi0_prompt(task)
@@ -122,17 +131,41 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     if openpi_layout:
         image_transform = openpi.openpi_image(size)
     else:
+        pad_value = lerobot_image_pad_value(_lerobot_version(folder, lerobot_version))
+
         def image_transform(img: Tensor) -> Tensor:
-            return prepare_image(img, size)
+            return prepare_image(img, size, pad_value)
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
         tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
         max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
         padding=ckpt.config_value(tok_cfg, "padding", str, "max_length", source),
+        padding_side=_padding_side(tok_cfg, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
         state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
     return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed, pack_weights)
+
+
+def _padding_side(tok_cfg: dict, source: str) -> str:
+    """Read ``padding_side`` of LeRobot's tokenizer step (left or right; right when not recorded)."""
+    side = ckpt.config_value(tok_cfg, "padding_side", str, "right", source)
+    if side not in PADDING_SIDES:
+        raise ckpt.CheckpointError(f"{source}: padding_side must be one of {PADDING_SIDES}, got {side!r:.40}")
+    return side
+
+
+def _lerobot_version(folder: Path, override: Optional[str]) -> tuple[int, ...]:
+    """Return the LeRobot version that wrote ``folder``: the override, else ``vla_policy_node.json``, else 0.4."""
+    if override is not None:
+        return ckpt.parse_version(override, "lerobot_version")
+    recorded = ckpt.lerobot_version(folder)
+    if recorded is None:
+        log.warning("%s: no LeRobot version recorded; assuming LeRobot 0.4.x image padding. A checkpoint "
+                    "written by LeRobot >= 0.5 needs %s with {\"lerobot_version\": \"0.5\"} beside it",
+                    folder, ckpt.SETTINGS_FILE)
+        return (0, 4)
+    return recorded
 
 
 def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,

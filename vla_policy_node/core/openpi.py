@@ -1,10 +1,25 @@
-"""
+r"""
 openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
 
 openpi configs carry no LeRobot ``type``; they are recognised by their own
 fields (``action_horizon``, ``paligemma_variant``) and translated into the
 LeRobot-style dict the pi0/pi0.5 families read. Robot feature names are not
 part of an openpi checkpoint: the cameras are openpi's standard three.
+
+The prompt follows openpi's ``PaligemmaTokenizer.tokenize`` and ``TokenizePrompt``
+(``src/openpi/models/tokenizer.py``, ``src/openpi/transforms.py``), which differ from
+LeRobot's pi0/pi0.5 processors:
+
+- the task is cleaned: stripped, ``_`` and newlines turned into spaces;
+- pi0.5 with ``discrete_state_input`` (openpi's default for pi0.5) discretizes the robot's
+  *own* normalized state (e.g. 8 values for LIBERO), because openpi tokenizes before
+  ``PadStatesAndActions``; LeRobot 0.4 discretizes all ``max_state_dim`` values;
+- otherwise (pi0, or ``discrete_state_input: false`` as in ``pi05_libero``) the prompt is
+  the cleaned task, BOS first, followed by ``"\n"`` tokenized on its own.
+
+openpi's converter writes only ``action_dim``, ``action_horizon`` and the variants to
+``config.json``; ``pi05``, ``discrete_state_input``, ``max_token_len`` and ``num_steps``
+are read when present (openpi's training config holds them), with openpi's defaults.
 """
 
 from __future__ import annotations
@@ -17,9 +32,12 @@ from torch import Tensor
 
 from . import checkpoint as ckpt
 from .normalization import Normalizer
-from .preprocessing import ImageTransform
+from .preprocessing import ImageTransform, PromptFn
+from .tokenizer import Prompt
 
 OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+STATE_BINS = 256
+NORM_EPS = 1e-6     # openpi.transforms.Normalize: (std + 1e-6), (q99 - q01 + 1e-6)
 
 
 def is_openpi_config(config: dict) -> bool:
@@ -50,6 +68,35 @@ def lerobot_style_config(config: dict, state_dim: int, action_dim: int, image_si
     }
 
 
+def discrete_state_input(config: dict) -> bool:
+    """Read ``Pi0Config.discrete_state_input`` as openpi does: defaults to ``pi05``; never for pi0."""
+    pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
+    return pi05 and ckpt.config_value(config, "discrete_state_input", bool, pi05, "config.json")
+
+
+def clean_task(task: str) -> str:
+    """Clean the task as openpi does: strip, then ``_`` and newlines become spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
+def state_bins(normalized_state: np.ndarray) -> np.ndarray:
+    """(D,) normalized state -> (D,) ints: 256 equal bins over [-1, 1], no padding (``np.digitize`` - 1)."""
+    edges = np.linspace(-1.0, 1.0, STATE_BINS + 1)[:-1]
+    return np.digitize(np.asarray(normalized_state).reshape(-1), edges) - 1
+
+
+def openpi_prompt(discrete_state: bool) -> PromptFn:
+    """Build the prompt openpi tokenizes: with the state's bins (pi0.5 default), or the task and a lone newline."""
+    def with_state(task: str, state: np.ndarray) -> Prompt:
+        bins = " ".join(str(int(b)) for b in state_bins(state))
+        return f"Task: {clean_task(task)}, State: {bins};\nAction: "
+
+    def plain(task: str, state: np.ndarray) -> Prompt:
+        return clean_task(task), "\n"
+
+    return with_state if discrete_state else plain
+
+
 def norm_stats_file(folder: Path) -> Path:
     """Find the single ``assets/<id>/norm_stats.json`` of the checkpoint."""
     assets = ckpt.inside(folder, "assets")
@@ -60,7 +107,12 @@ def norm_stats_file(folder: Path) -> Path:
 
 
 def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer]:
-    """(state normalizer, action un-normalizer): z-score for pi0, q01/q99 quantiles for pi0.5, as openpi."""
+    """
+    (state normalizer, action un-normalizer): z-score for pi0, q01/q99 quantiles for pi0.5, as openpi.
+
+    openpi reads ``norm_stats.json`` as float64 and computes in float64 with the epsilon
+    always added (``normalization`` module, ``openpi`` convention).
+    """
     raw = ckpt.read_json(norm_stats_file(folder)).get("norm_stats", {})
     mode = "QUANTILES" if pi05 else "MEAN_STD"
     out = []
@@ -69,9 +121,8 @@ def openpi_normalizers(folder: Path, pi05: bool) -> tuple[Normalizer, Normalizer
         if not isinstance(entry, dict):
             raise ckpt.CheckpointError(f"{folder}: norm_stats.json has no {key!r} statistics")
         try:
-            stats = {k: np.asarray(v, dtype=np.float32) for k, v in entry.items() if isinstance(v, list)}
-            # openpi divides by (std + 1e-6) and by (q99 - q01 + 1e-6)
-            out.append(Normalizer(mode, stats, eps=1e-6))
+            stats = {k: np.asarray(v, dtype=np.float64) for k, v in entry.items() if isinstance(v, list)}
+            out.append(Normalizer(mode, stats, eps=NORM_EPS, convention="openpi"))
         except (TypeError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{folder}: norm_stats.json {key}: {exc}") from exc
     return out[0], out[1]

@@ -99,7 +99,7 @@ class Policy:
             raise ValueError(f"RTC prefix must be (K <= {self.chunk_size}, {self.action_dim}), got {prefix.shape}")
         normalized = self.action_normalizer.normalize(prefix)      # the model's action space
         return lambda velocity: rtc_guided_velocity(velocity, normalized, rtc.delay_steps, self.num_steps,
-                                                    rtc.max_guidance_weight)
+                                                    rtc.max_guidance_weight, rtc.guidance)
 
     def reset(self) -> None:
         """Episode boundary: drop the prefix cache."""

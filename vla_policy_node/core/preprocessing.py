@@ -16,13 +16,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .normalization import Normalizer
+from .tokenizer import Prompt
 from .types import ModelInputs
 
 IMAGE_PREFIX = "observation.images."
 MAX_TASK_CHARS = 4096
 
-PromptFn = Callable[[str, np.ndarray], str]
-"""(task, normalized zero-padded state (max_state_dim,)) -> the text the tokenizer sees."""
+PromptFn = Callable[[str, np.ndarray], Prompt]
+"""(task, normalized state (state_dim,), not padded) -> the text (or segments) the tokenizer sees.
+
+The state has the normalizer's precision: float32 for LeRobot, float64 for openpi (whose
+normalization runs in float64), so that pi0.5's state bins match the framework's exactly."""
 
 ImageTransform = Callable[[Tensor], Tensor]
 """(B, 3, H, W) float in [0, 1] -> (B, 3, S, S) in the model's range, at the model resolution."""
@@ -65,7 +69,7 @@ class Preprocessor:
     camera_names: tuple[str, ...]           # feature names, model order
     image_size: tuple[int, int]             # (height, width) at the model
     image_transform: ImageTransform         # the family's resize / pad / range mapping
-    tokenizer: Callable[[Sequence[str], int, str], tuple[np.ndarray, np.ndarray]]
+    tokenizer: Callable[[Sequence[Prompt], int, str, str], tuple[np.ndarray, np.ndarray]]
     max_length: int
     padding: str
     prompt: PromptFn
@@ -74,6 +78,7 @@ class Preprocessor:
     max_state_dim: int
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
     empty_cameras: int = 0                  # extra all-masked cameras after the real ones
+    padding_side: str = "right"             # where prompt padding goes (LeRobot's tokenizer step setting)
     _last_tokens: Optional[tuple[tuple, tuple[np.ndarray, np.ndarray]]] = field(
         default=None, init=False, repr=False, compare=False)
 
@@ -83,10 +88,11 @@ class Preprocessor:
         tasks = self._tasks(observation.get("task"), batch)
         padded = np.zeros((batch, self.max_state_dim), dtype=np.float32)
         with np.errstate(over="ignore"):
-            padded[:, :self.state_dim] = self.state_normalizer.normalize(state)
+            normalized = self.state_normalizer.normalize(state)       # (B, state_dim)
+            padded[:, :self.state_dim] = normalized
         if not np.all(np.isfinite(padded)):
             raise ValueError("state overflows float32 once normalized")
-        prompts = [self.prompt(t, padded[i]) for i, t in enumerate(tasks)]
+        prompts = [self.prompt(t, normalized[i]) for i, t in enumerate(tasks)]
         ids, mask = self._tokenize(prompts)
         return ModelInputs(
             images=[im for im, _ in images],
@@ -98,10 +104,11 @@ class Preprocessor:
 
     def _tokenize(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize, reusing the last result: the instruction rarely changes within an episode."""
-        key = (tuple(prompts), id(self.tokenizer), self.max_length, self.padding)
+        key = (tuple(prompts), id(self.tokenizer), self.max_length, self.padding, self.padding_side)
         last = self._last_tokens
         if last is None or last[0] != key:
-            last = self._last_tokens = (key, self.tokenizer(prompts, self.max_length, self.padding))
+            last = self._last_tokens = (key, self.tokenizer(prompts, self.max_length, self.padding,
+                                                            self.padding_side))
         ids, mask = last[1]
         return ids.copy(), mask.copy()
 
@@ -137,6 +144,7 @@ class Preprocessor:
         return out, batch
 
     def _state(self, state: object, batch: int) -> np.ndarray:
+        """-> (B, state_dim) float64, as given: openpi normalizes in float64; LeRobot's normalizer casts."""
         if state is None:
             raise ValueError("observation['state'] is missing")
         arr = np.asarray(state, dtype=np.float64)
@@ -145,15 +153,21 @@ class Preprocessor:
             raise ValueError(f"state must be ({self.state_dim},) or ({batch}, {self.state_dim}), "
                              f"got {np.shape(state)}")
         with np.errstate(over="ignore"):
-            arr = arr.astype(np.float32)   # a finite float64 beyond float32's range becomes inf here
-        if not np.all(np.isfinite(arr)):
+            as_float32 = arr.astype(np.float32)   # a finite float64 beyond float32's range becomes inf here
+        if not np.all(np.isfinite(as_float32)):
             raise ValueError("state holds non-finite values (or values beyond float32's range)")
         return arr
 
     def _tasks(self, task: Union[str, Sequence[str], None], batch: int) -> list[str]:
-        tasks = [task] * batch if isinstance(task, str) else list(task or [])
+        if isinstance(task, str):
+            tasks = [task] * batch
+        elif isinstance(task, (list, tuple, np.ndarray)):
+            tasks = list(task)
+        else:
+            raise ValueError(f"observation['task'] must be a str or a list of {batch} str, "
+                             f"got {type(task).__name__}")
         if len(tasks) != batch or not all(isinstance(t, str) for t in tasks):
-            raise ValueError(f"task must be a str or a list of {batch} str")
+            raise ValueError(f"observation['task'] must be a str or a list of {batch} str")
         for t in tasks:
             if not t.strip():
                 raise ValueError("task is empty")

@@ -26,6 +26,17 @@ sign, so its ``v + w * g`` becomes ``v - w * g`` here, with::
 Autograd must be available: run the denoising loop under ``torch.no_grad()``, not
 ``torch.inference_mode()`` (inference tensors cannot enter a backward graph). Only the
 noisy chunk ``x_t`` gets a gradient; weights and the prefix cache are never written.
+
+``guidance="lerobot"`` reproduces LeRobot's ``RTCProcessor.denoise_step``
+(``lerobot/policies/rtc/modeling_rtc.py``, default ``RTCConfig``) for users who evaluated
+there: the velocity is computed before ``x_t`` joins the graph, so the Jacobian is skipped
+(``g = (A_prev - x0_hat) * W``, no backward pass, no autograd needed); the prefix is
+zero-padded to the whole chunk width, so padded action dims are pulled toward 0; ``W``
+decays linearly (LeRobot's default ``LINEAR`` schedule) instead of exponentially. The
+paper's guidance stays the default: it is the derivation in Black et al. and it lets the
+guidance reach actions the model couples in time. On LeRobot's own test case (v = 0.5 x,
+x = 1, prefix 0.1, t = 0.5) the guided velocity is 1.8 with ``lerobot`` and 1.475 with
+``paper`` (the Jacobian 1 - 0.5 t scales the correction by 0.75).
 """
 
 from __future__ import annotations
@@ -37,19 +48,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .chunking import RTC_GUIDANCE
 from .flow import VelocityFn
 
+SCHEDULES = ("exp", "linear")
 
-def prefix_weights(delay: int, overlap: int, horizon: int) -> np.ndarray:
+
+def prefix_weights(delay: int, overlap: int, horizon: int, schedule: str = "exp") -> np.ndarray:
     """
     Soft mask ``W`` (horizon,) over the new chunk: how hard each action is pulled.
 
     ``W_i = 1`` for ``i < delay`` (those actions run before the chunk arrives),
-    ``W_i = c_i (e^c_i - 1) / (e - 1)`` with ``c_i = (overlap - i) / (overlap - delay + 1)``
-    for ``delay <= i < overlap``, and 0 after the overlap. ``overlap`` is the number of
-    committed actions (the paper's ``H - s``). Example, delay=2, overlap=5, horizon=7:
-    ``[1, 1, 0.49, 0.19, 0.04, 0, 0]``.
+    ``W_i = c_i (e^c_i - 1) / (e - 1)`` (``exp``, the paper) or ``c_i`` (``linear``, LeRobot's
+    default) with ``c_i = (overlap - i) / (overlap - delay + 1)`` for ``delay <= i < overlap``,
+    and 0 after the overlap. ``overlap`` is the number of committed actions (the paper's
+    ``H - s``). Example, delay=2, overlap=5, horizon=7, exp: ``[1, 1, 0.49, 0.19, 0.04, 0, 0]``.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if not 0 <= delay <= overlap <= horizon:
         raise ValueError(
             f"need 0 <= delay <= overlap <= horizon, got delay={delay}, overlap={overlap}, horizon={horizon}"
@@ -58,7 +74,7 @@ def prefix_weights(delay: int, overlap: int, horizon: int) -> np.ndarray:
     weights[:delay] = 1.0
     i = np.arange(delay, overlap)
     c = (overlap - i) / (overlap - delay + 1)
-    weights[delay:overlap] = c * np.expm1(c) / (math.e - 1.0)
+    weights[delay:overlap] = c * np.expm1(c) / (math.e - 1.0) if schedule == "exp" else c
     return weights
 
 
@@ -78,16 +94,19 @@ def guided_velocity(
     prefix: Tensor | np.ndarray,
     delay: int,
     max_guidance_weight: float,
+    guidance: str = "paper",
 ) -> Tensor:
     """
     One RTC-guided velocity at flow time ``t`` (see module docstring for the math).
 
     x_t: (B, H, A) or (H, A) noisy chunk. velocity: ``x_t -> v`` at this ``t``.
     prefix: (K, A_p) or (B, K, A_p) committed actions in the model's (normalized)
-    action space; ``A_p <= A`` so padded action dims are left unguided. ``K == 0``
-    returns the plain velocity.
+    action space; ``A_p <= A``: the paper's guidance leaves the padded action dims
+    unguided, LeRobot's pulls them toward 0. ``K == 0`` returns the plain velocity.
     """
-    if torch.is_inference_mode_enabled() or x_t.is_inference():
+    if guidance not in RTC_GUIDANCE:
+        raise ValueError(f"guidance must be one of {RTC_GUIDANCE}, got {guidance!r}")
+    if guidance == "paper" and (torch.is_inference_mode_enabled() or x_t.is_inference()):
         raise RuntimeError(
             "RTC guidance needs autograd: run denoising under torch.no_grad(), not torch.inference_mode()"
         )
@@ -100,6 +119,8 @@ def guided_velocity(
         raise ValueError(f"prefix has {prefix_dim} action dims, the chunk only {action_dim}")
     if overlap == 0:
         return velocity(x_t)
+    if guidance == "lerobot":
+        return _lerobot_guided_velocity(x_t, t, velocity, prefix, delay, max_guidance_weight)
     mask = torch.as_tensor(prefix_weights(delay, overlap, horizon), dtype=x_t.dtype, device=x_t.device)
     with torch.enable_grad():
         x = x_t.detach().requires_grad_(True)
@@ -111,12 +132,26 @@ def guided_velocity(
     return (v - guidance_weight(t, max_guidance_weight) * correction).detach()
 
 
+def _lerobot_guided_velocity(x_t: Tensor, t: float, velocity: Callable[[Tensor], Tensor], prefix: Tensor,
+                             delay: int, max_guidance_weight: float) -> Tensor:
+    """Guide as LeRobot does: no Jacobian, prefix zero-padded to (H, A), linear prefix weights."""
+    horizon = x_t.shape[-2]
+    overlap, prefix_dim = prefix.shape[-2:]
+    v = velocity(x_t)
+    x0_hat = x_t - t * v
+    target = torch.zeros_like(x0_hat)
+    target[..., :overlap, :prefix_dim] = prefix
+    mask = torch.as_tensor(prefix_weights(delay, overlap, horizon, "linear"), dtype=x_t.dtype, device=x_t.device)
+    return v - guidance_weight(t, max_guidance_weight) * (target - x0_hat) * mask[:, None]
+
+
 def rtc_guided_velocity(
     velocity_fn: VelocityFn,
     prefix: Tensor | np.ndarray,
     delay: int,
     num_steps: int,
     max_guidance_weight: float = 10.0,
+    guidance: str = "paper",
 ) -> VelocityFn:
     """
     Wrap ``velocity_fn`` for the Euler loop so every step is RTC-guided.
@@ -124,7 +159,8 @@ def rtc_guided_velocity(
     Step ``k`` is taken at ``t = 1 + k * dt``, ``dt = -1 / num_steps`` (``flow.euler_schedule``).
     Plugs into ``PolicyRuntime.sample(guide=lambda v: rtc_guided_velocity(v, ...))``.
     prefix: (K, A_p) committed actions, normalized like the model's actions;
-    delay: inference delay in control steps (``0 <= delay <= K``).
+    delay: inference delay in control steps (``0 <= delay <= K``);
+    guidance: ``paper`` (vector-Jacobian product) or ``lerobot`` (see module docstring).
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -133,6 +169,8 @@ def rtc_guided_velocity(
         raise ValueError(f"delay must be in [0, {overlap}] (the prefix length), got {delay}")
     if max_guidance_weight <= 0:
         raise ValueError(f"max_guidance_weight must be > 0, got {max_guidance_weight}")
+    if guidance not in RTC_GUIDANCE:
+        raise ValueError(f"guidance must be one of {RTC_GUIDANCE}, got {guidance!r}")
 
     def guided(x_t: Tensor, step_index: int) -> Tensor:
         return guided_velocity(
@@ -142,6 +180,7 @@ def rtc_guided_velocity(
             prefix,
             delay,
             max_guidance_weight,
+            guidance,
         )
 
     return guided

@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
+
+Prompt = Union[str, tuple[str, ...]]
+"""The text to tokenize, or segments tokenized one by one and concatenated (special tokens on the
+first only): openpi tokenizes pi0's ``"\\n"`` on its own, which gives other ids than ``text + "\\n"``."""
+PADDING_SIDES = ("right", "left")
 
 
 class TokenizerNotFound(FileNotFoundError):
@@ -52,7 +57,7 @@ def resolve_tokenizer(name: str, base_dir: Optional[Path] = None) -> Path:
 
 
 class TextTokenizer:
-    """A ``tokenizer.json`` with its pad token, padding right as LeRobot's tokenizer step does."""
+    """A ``tokenizer.json`` with its pad token, padding as LeRobot's tokenizer step does (right by default)."""
 
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer   # imported here: only checkpoints with a tokenizer need it
@@ -77,10 +82,20 @@ class TextTokenizer:
                     return value
         return None
 
-    def __call__(self, texts: Sequence[str], max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, texts: Sequence[Prompt], max_length: int, padding: str,
+                 padding_side: str = "right") -> tuple[np.ndarray, np.ndarray]:
         """-> ids (B, L) int64, mask (B, L) bool; L = max_length, or the longest (<= max_length)."""
-        encoded = [self._tok.encode(t).ids[:max_length] for t in texts]
-        return pad_batch(encoded, self.pad_id, max_length, padding)
+        encoded = [self._encode(t)[:max_length] for t in texts]
+        return pad_batch(encoded, self.pad_id, max_length, padding, padding_side)
+
+    def _encode(self, text: Prompt) -> list[int]:
+        if isinstance(text, str):
+            return self._tok.encode(text).ids
+        first, *rest = text
+        ids = self._tok.encode(first).ids
+        for segment in rest:
+            ids += self._tok.encode(segment, add_special_tokens=False).ids
+        return ids
 
 
 class ByteTokenizer:
@@ -89,18 +104,24 @@ class ByteTokenizer:
     vocab_size = 257
     pad_id = 0
 
-    def __call__(self, texts: Sequence[str], max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
-        encoded = [[b + 1 for b in t.encode("utf-8", errors="replace")][:max_length] for t in texts]
-        return pad_batch(encoded, self.pad_id, max_length, padding)
+    def __call__(self, texts: Sequence[Prompt], max_length: int, padding: str,
+                 padding_side: str = "right") -> tuple[np.ndarray, np.ndarray]:
+        encoded = [[b + 1 for b in "".join(t).encode("utf-8", errors="replace")][:max_length] for t in texts]
+        return pad_batch(encoded, self.pad_id, max_length, padding, padding_side)
 
 
-def pad_batch(encoded: list[list[int]], pad_id: int, max_length: int, padding: str) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(encoded: list[list[int]], pad_id: int, max_length: int, padding: str,
+              padding_side: str = "right") -> tuple[np.ndarray, np.ndarray]:
+    """Pad token lists to one length; ``left`` puts the pads first (the prompt ends at the last column)."""
     if padding not in ("max_length", "longest"):
         raise ValueError(f"padding must be 'max_length' or 'longest', got {padding!r}")
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
     length = max_length if padding == "max_length" else max(1, max(len(e) for e in encoded))
     ids = np.full((len(encoded), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(encoded), length), dtype=bool)
     for i, e in enumerate(encoded):
-        ids[i, :len(e)] = e
-        mask[i, :len(e)] = True
+        span = slice(length - len(e), length) if padding_side == "left" else slice(0, len(e))
+        ids[i, span] = e
+        mask[i, span] = True
     return ids, mask

@@ -26,7 +26,7 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 import yaml
 
-from vla_policy_node.core.chunking import BLEND_MODES
+from vla_policy_node.core.chunking import BLEND_MODES, RTC_GUIDANCE
 from vla_policy_node.core.preprocessing import MAX_TASK_CHARS
 from vla_policy_node.core.safety import MotionLimits, SafetyError
 
@@ -151,6 +151,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               bounds=(0.0, 10.0)),
     ParamSpec('chunking.rtc_max_guidance_weight', 10.0, 'Clip of the real-time chunking '
               'guidance weight for blend=rtc.', bounds=(0.01, 100.0)),
+    ParamSpec('chunking.rtc_guidance', 'paper', 'Real-time chunking guidance for blend=rtc: '
+              'paper (vector-Jacobian product) or lerobot (LeRobot\'s RTCProcessor: no Jacobian, '
+              'linear prefix weights, padded action dims pulled to 0).', choices=RTC_GUIDANCE),
     ParamSpec('max_observation_age', 0.5, 'Seconds after which an input counts as stale; no '
               'command is computed or sent from stale inputs.', read_only=False,
               bounds=(0.01, 10.0)),
@@ -197,6 +200,7 @@ class ChunkingSettings:
     blend_weight: float
     ensemble_decay: float
     rtc_max_guidance_weight: float
+    rtc_guidance: str
 
 
 @dataclass(frozen=True)
@@ -327,7 +331,8 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             blend=values['chunking.blend'],
             blend_weight=values['chunking.blend_weight'],
             ensemble_decay=values['chunking.ensemble_decay'],
-            rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight']),
+            rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight'],
+            rtc_guidance=values['chunking.rtc_guidance']),
         max_observation_age=values['max_observation_age'],
         max_action_age=values['max_action_age'],
         use_header_stamps=values['use_header_stamps'],

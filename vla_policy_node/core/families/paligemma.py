@@ -42,7 +42,15 @@ GEMMA_NORM_EPS = 1e-6
 GEMMA_ROPE_BASE = 10000.0
 PALIGEMMA_VOCAB_SIZE = 257152
 IMAGE_PAD_VALUE = -1.0
-"""Padding value of ``resize_with_pad``, applied in [0, 1] space (see ``prepare_image``)."""
+"""LeRobot 0.4's padding value of ``resize_with_pad``, applied in [0, 1] space (see ``prepare_image``)."""
+IMAGE_PAD_VALUE_LEROBOT_0_5 = 0.0
+"""LeRobot >= 0.5 pads with 0 in [0, 1] space (its ``resize_with_pad_torch`` clamps to [0, 1] and pads
+0.0 for float images), so padded pixels reach the model at -1, as in openpi."""
+
+
+def lerobot_image_pad_value(version: tuple[int, ...]) -> float:
+    """Pad value in [0, 1] space of the LeRobot version that wrote a pi0 / pi0.5 checkpoint."""
+    return IMAGE_PAD_VALUE if tuple(version[:2]) < (0, 5) else IMAGE_PAD_VALUE_LEROBOT_0_5
 
 
 @dataclass(frozen=True)
@@ -309,14 +317,15 @@ def suffix_attention(prefix_pad: Tensor, suffix_ar: Tensor, head_dim: int, rope_
     return additive_mask(allowed, dtype), rope_cos_sin(positions, head_dim, rope_base)
 
 
-def prepare_image(image: Tensor, resolution: int) -> Tensor:
+def prepare_image(image: Tensor, resolution: int, pad_value: float = IMAGE_PAD_VALUE) -> Tensor:
     """
-    Camera image (B, 3, H, W) in [0, 1] -> model input (B, 3, S, S), LeRobot 0.4.4 pi0/pi0.5 exactly.
+    Camera image (B, 3, H, W) in [0, 1] -> model input (B, 3, S, S), LeRobot's pi0/pi0.5 exactly.
 
     Aspect-preserving bilinear resize (align_corners=False, no antialias) so the longer
-    side fits, centre padding with -1.0, then x * 2 - 1. The padding happens in [0, 1]
-    space, so padded pixels end at -3.0 (openpi pads after the mapping, at -1.0); LeRobot
-    trains and evaluates this way, so its checkpoints expect it. S x S images skip the resize.
+    side fits, centre padding with ``pad_value``, then x * 2 - 1. The padding happens in
+    [0, 1] space: LeRobot 0.4 pads -1.0, so padded pixels end at -3.0, and trains and
+    evaluates this way, so its checkpoints expect it; LeRobot >= 0.5 pads 0.0 (-1.0 at the
+    model, as openpi). S x S images skip the resize.
     """
     if image.dim() != 4 or image.shape[1] != 3:
         raise ValueError(f"image must be (B, 3, H, W), got {tuple(image.shape)}")
@@ -326,7 +335,7 @@ def prepare_image(image: Tensor, resolution: int) -> Tensor:
         rh, rw = int(h / ratio), int(w / ratio)
         image = F.interpolate(image, size=(rh, rw), mode="bilinear", align_corners=False)
         top, left = (resolution - rh) // 2, (resolution - rw) // 2
-        image = F.pad(image, (left, resolution - rw - left, top, resolution - rh - top), value=IMAGE_PAD_VALUE)
+        image = F.pad(image, (left, resolution - rw - left, top, resolution - rh - top), value=pad_value)
     return image * 2.0 - 1.0
 
 
