@@ -120,3 +120,18 @@ def test_override_sources_for_other_nodes_and_good_values_pass(tmp_path):
     check_override_sources(['--ros-args', '--params-file', str(other), '-p',
                             'other:control_rate_hz:=x', '-p', 'use_header_stamps:=false',
                             '--', '-p', 'not_ros:=x'], '/vla_policy_node')
+
+
+def test_node_settings_reach_the_loop_and_the_scheduler():
+    from test_params import VALUES
+
+    from vla_policy_node.ros.node import loop_settings, scheduler_config
+    from vla_policy_node.ros.params import settings_from_values
+    settings = settings_from_values({**VALUES, 'chunking.rtc_guidance': 'lerobot', 'chunking.horizon': 0,
+                                     'max_action_age': 0.7, 'trajectory_points': 5})
+    scheduler = scheduler_config(settings, chunk_size=12)
+    assert scheduler.rtc_guidance == 'lerobot' and scheduler.horizon == 12
+    loop = loop_settings(settings)
+    assert loop.max_action_age == 0.7 and loop.plan_points == 5
+    forward = settings_from_values({**VALUES, 'command_interface': 'forward_command', 'trajectory_points': 5})
+    assert loop_settings(forward).plan_points == 1
