@@ -89,6 +89,9 @@ operation = st.one_of(
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
+    st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
+    st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
+    st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('advance'), st.sampled_from([0.0, DT / 2, DT, DT, DT, 3 * DT, 0.3, 2.0])),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
@@ -116,7 +119,7 @@ COVERAGE: Counter = Counter()       # what the generated sequences exercised, su
 
 @settings(max_examples=2000, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.lists(operation, min_size=5, max_size=40),
+@given(st.lists(operation, min_size=10, max_size=60),
        st.sampled_from(['latest', 'weighted', 'temporal_ensemble']),
        st.sampled_from([0, 1]), st.sampled_from([0.0, 0.3]))
 def run_sequence(operations, blend, points, max_action_age):
@@ -222,6 +225,6 @@ def test_every_command_is_safe_whatever_happens():
     run_sequence()
     assert COVERAGE['sequences'] >= 2000
     # The sequences must reach the interesting states, or the invariants were checked on nothing.
-    assert COVERAGE['sequences with actions'] >= 200, COVERAGE
+    assert COVERAGE['sequences with actions'] >= 500, COVERAGE
     for kind in ('hold', 'action', 'segment start', 'continued'):
-        assert COVERAGE[kind] >= 100, COVERAGE
+        assert COVERAGE[kind] >= 500, COVERAGE
