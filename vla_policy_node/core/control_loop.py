@@ -368,7 +368,7 @@ class ControlLoop:
             if why.counter is not None:
                 self._counters[why.counter] += 1
             problem = self._emit(now, None)
-            suffix = f' (no hold sent: {problem.reason})' if problem else ''
+            suffix = f' (no hold sent: {problem.reason})' if problem and problem is not why else ''
             self._log('warning', f'holding: {why.reason}{suffix}')
         elif why.reason != self._hold_reason:
             self._limited_log('hold', 'warning', f'holding: {why.reason}')
