@@ -158,7 +158,7 @@ class ControlLoop:
         self._on_chunk_ready = on_chunk_ready
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(LOOP_COUNTERS, 0)
-        self._faults = FaultTally(LOOP_FAULTS, warn_only=('late', FAULT_STALE))
+        self._faults = FaultTally(LOOP_FAULTS, warn_only=(FAULT_STALE,))
         self._last_published: np.ndarray | None = None
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
