@@ -14,8 +14,8 @@ from vla_policy_node.ros.conversions import (
     ConversionError,
     image_to_rgb,
     instruction_text,
-    merge_joint_state,
 )
+from vla_policy_node.core.observations import merge_joint_state
 
 RGB = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
 
@@ -93,7 +93,7 @@ def test_partial_and_reordered_joint_states_merge_by_name():
     (['a', 'a'], [1.0, 2.0], "joint state names are duplicated: ['a']"),
 ])
 def test_bad_joint_states_are_refused(names, positions, message):
-    with pytest.raises(ConversionError) as error:
+    with pytest.raises(ValueError) as error:
         merge_joint_state(names, positions, ORDER, np.zeros(3))
     assert str(error.value) == message
 

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 import numpy as np
 from sensor_msgs.msg import Image
 
-from vla_policy_node.ros.conversions import (
-    ConversionError, image_to_rgb, instruction_text, merge_joint_state)
+from vla_policy_node.core.observations import merge_joint_state
+from vla_policy_node.ros.conversions import ConversionError, image_to_rgb, instruction_text
 
 ENCODINGS = ['rgb8', 'bgr8', 'rgba8', 'bgra8', 'mono8', 'mono16', '16UC1', 'yuv422', 'bayer_rggb8',
              '32FC1', '', 'RGB8', 'rgb8\x00']
@@ -52,7 +52,7 @@ def test_any_joint_state_merges_or_is_refused(names, values):
     before = current.copy()
     try:
         update = merge_joint_state(names, values, JOINTS, current)
-    except ConversionError as error:
+    except ValueError as error:
         assert str(error)
         np.testing.assert_array_equal(current, before)       # nothing half-written
         return

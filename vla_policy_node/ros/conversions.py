@@ -1,5 +1,5 @@
 """
-ROS messages <-> numpy: camera images, joint states, instructions and joint commands.
+ROS messages <-> numpy: camera images, instructions and joint commands (joint states: core.observations).
 
 Everything that crosses the ROS boundary is checked here, and every rejection raises
 :class:`ConversionError` with a message a person can act on (the node logs it, rate-limited,
@@ -10,7 +10,6 @@ and run in subscription callbacks, the policy only sees validated numpy arrays.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 import unicodedata
 
 from builtin_interfaces.msg import Duration, Time
@@ -87,52 +86,6 @@ def rgb_to_image(rgb: np.ndarray, frame_id: str = '') -> Image:
     msg.step = msg.width * 3
     msg.data = array.tobytes()
     return msg
-
-
-@dataclass(frozen=True)
-class JointStateUpdate:
-    """
-    The state vector after merging one ``JointState`` message.
-
-    positions: (J,) in configured order; updated: (J,) bool, the joints this message named;
-    unknown_joints: names in the message that the node does not drive.
-    """
-
-    positions: np.ndarray
-    updated: np.ndarray
-    unknown_joints: tuple[str, ...]
-
-
-def merge_joint_state(names: Sequence[str], positions: Sequence[float],
-                      joint_order: Sequence[str], current: np.ndarray) -> JointStateUpdate:
-    """
-    Write a ``JointState``'s positions into a copy of ``current`` in ``joint_order``.
-
-    Publishers split joints over several messages and order them as they like, so a message
-    may name any subset of the joints in any order; joints it does not name keep their value
-    in ``current`` (NaN until first seen). Names outside ``joint_order`` are reported, not
-    fatal. A NaN or infinite position for a configured joint, duplicated names, or fewer
-    positions than names reject the whole message.
-    """
-    if len(positions) != len(names):
-        raise ConversionError(
-            f'joint state has {len(names)} names but {len(positions)} positions')
-    if len(set(names)) != len(names):
-        duplicated = sorted({name for name in names if list(names).count(name) > 1})
-        raise ConversionError(f'joint state names are duplicated: {duplicated}')
-    index = {name: i for i, name in enumerate(joint_order)}
-    merged = np.array(current, dtype=np.float64, copy=True)
-    updated = np.zeros(len(joint_order), dtype=bool)
-    unknown = []
-    for name, value in zip(names, positions):
-        if name not in index:
-            unknown.append(name)
-            continue
-        if not np.isfinite(value):
-            raise ConversionError(f"joint state position of '{name}' is not finite ({value})")
-        merged[index[name]] = float(value)
-        updated[index[name]] = True
-    return JointStateUpdate(positions=merged, updated=updated, unknown_joints=tuple(unknown))
 
 
 def instruction_text(text: str, max_length: int) -> str:
