@@ -7,6 +7,7 @@ message (as joy_teleop's test_parameter_failures does).
 """
 
 from pathlib import Path
+import re
 
 import numpy as np
 import pytest
@@ -41,7 +42,12 @@ VALUES = {**flatten(DEFAULTS), 'allow_random_weights': True}
 
 
 def test_default_yaml_declares_every_parameter_and_nothing_else():
-    assert set(flatten(DEFAULTS)) == {spec.name for spec in PARAMETERS}
+    """Optional parameters (no default: absent means unused) are there as comments."""
+    assert set(flatten(DEFAULTS)) == {spec.name for spec in PARAMETERS if not spec.optional}
+    text = DEFAULT_CONFIG.read_text()
+    for spec in PARAMETERS:
+        if spec.optional:
+            assert re.search(rf'#\s+{spec.name.rpartition(".")[2]}:', text), spec.name
 
 
 def test_random_weights_never_start_unless_allowed():
