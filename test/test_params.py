@@ -93,6 +93,16 @@ def test_default_yaml_is_valid():
     ({'chunking.blend': 'smooth'},
      "parameter 'chunking.blend' = 'smooth' must be a string "
      '(one of latest, weighted, temporal_ensemble, rtc)'),
+    ({'joint_units.scale': [57.3] * 5},
+     'joint_units: scale has 5 entries, expected one per joint (6)'),
+    ({'joint_units.offset': [0.0] * 7},
+     'joint_units: offset has 7 entries, expected one per joint (6)'),
+    ({'camera_transports': ['compressed', 'raw', 'raw']},
+     "parameter 'camera_transports' = ['compressed', 'raw', 'raw'] must give one of raw, "
+     'compressed for every camera topic (2), or one for all'),
+    ({'camera_transports': ['theora']},
+     "parameter 'camera_transports' = ['theora'] must give one of raw, compressed for every "
+     'camera topic (2), or one for all'),
     ({'chunking.rtc_guidance': 'kinetix'},
      "parameter 'chunking.rtc_guidance' = 'kinetix' must be a string (one of paper, lerobot)"),
 ])

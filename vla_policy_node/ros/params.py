@@ -66,7 +66,7 @@ class ParamSpec:
     @property
     def type(self) -> Parameter.Type:
         """Return the ROS type every value of this parameter must have."""
-        if self.required:
+        if isinstance(self.default, Parameter.Type):
             return self.default
         return Parameter.Type.from_parameter_value(self.default)
 
