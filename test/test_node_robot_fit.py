@@ -1,7 +1,9 @@
 """
-The installed node fitted to an SO-101-like setup, over DDS: training units (degrees, gripper
-percent), the arm on a joint_trajectory_controller topic with velocities and the gripper on a
-forward_command_controller topic, a jpeg camera as image_transport publishes it next to a raw one.
+The installed node fitted to an SO-101-like setup, over DDS.
+
+Training units (degrees, gripper percent), the arm on a joint_trajectory_controller topic with
+velocities and the gripper on a forward_command_controller topic, a jpeg camera as
+image_transport publishes it next to a raw one.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096) -> np
         raise ConversionError(f'compressed image could not be decoded: {error}') from error
     if swapped:
         rgb = rgb[:, :, ::-1]
-    return np.ascontiguousarray(rgb)
+    return np.require(rgb, requirements=['C', 'W'])     # Pillow's buffer is read-only: one copy
 
 
 def rgb_to_compressed(rgb: np.ndarray, codec: str = 'jpeg', quality: int = 90) -> CompressedImage:

@@ -102,7 +102,8 @@ class VlaPolicyNode(Node):
         self._worker = InferenceWorker(self._policy, None, self._now, self._settings.policy_deadline)
         self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
         self._compressed = {name for name, transport in zip(
-            self._settings.camera_names, self._settings.camera_transports) if transport == 'compressed'}
+            self._settings.camera_names, self._settings.camera_transports)
+            if transport == 'compressed'}
         self._reported_unknown: set[str] = set()
         self._other_publishers: tuple[int, ...] = ()
         self._wire()
@@ -123,7 +124,8 @@ class VlaPolicyNode(Node):
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
         self._loop = ControlLoop(
             loop_settings(settings), scheduler_config(settings, self._policy.chunk_size),
-            joint_mapped(self._worker, settings.joint_map), self._publish, self._log, on_chunk_ready=self._chunk_ready.trigger)
+            joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
+            on_chunk_ready=self._chunk_ready.trigger)
         self._check_command_topic()
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode, qos_profile=SERVICE_QOS)
         self._control_timer = self.create_timer(1.0 / settings.control_rate_hz, self._on_control_tick)

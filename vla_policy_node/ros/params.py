@@ -219,7 +219,7 @@ SPECS = {spec.name: spec for spec in PARAMETERS}
 
 
 def command_group_specs(names: Iterable[str]) -> tuple[ParamSpec, ...]:
-    """The parameters of the command groups ``names`` (declared once the names are known)."""
+    """Return the parameters of the command groups ``names`` (declared once the names are known)."""
     specs = []
     for name in names:
         specs += [
