@@ -131,3 +131,20 @@ def test_the_rtc_prefix_reaches_the_policy_in_training_units():
     np.testing.assert_allclose(inference.pending.rtc.prefix, chunk[:len(inference.pending.rtc.prefix)],
                                rtol=1e-12)
     assert not inference.pending.rtc.prefix.flags.writeable
+
+
+def test_shipped_so101_config_maps_radians_to_lerobot_degrees_and_gripper_percent():
+    from pathlib import Path
+
+    from vla_policy_node.bench.replay import settings_from_files
+    config = Path(__file__).resolve().parents[1] / 'config'
+    settings = settings_from_files([str(config / 'default.yaml'), str(config / 'so101.yaml')],
+                                   ['allow_random_weights:=true'])
+    joint_map, limits = settings.joint_map, settings.limits
+    # LeRobot degrees: (ticks - middle) * 360 / 4095, with 4096 ticks per turn.
+    quarter = joint_map.state_to_policy(np.r_[[math.pi / 2] * 5, limits.lower[5]])
+    np.testing.assert_allclose(quarter[:5], 90.0 * 4096 / 4095, rtol=1e-6)
+    assert quarter[5] == pytest.approx(0.0, abs=1e-3)                        # closed
+    assert joint_map.state_to_policy(limits.upper)[5] == pytest.approx(100.0, abs=1e-3)   # open
+    assert [group.name for group in settings.command_groups] == ['arm', 'gripper']
+    assert settings.camera_transports == ('compressed', 'compressed')
