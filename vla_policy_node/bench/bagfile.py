@@ -205,3 +205,29 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
                 for topic, transport in zip(settings.camera_topics, settings.camera_transports):
                     msg = rgb_to_compressed(rgb, 'jpeg') if transport == 'compressed' else rgb_to_image(rgb)
                     writer.write('/' + camera_topic(topic, transport).lstrip('/'), msg, sink.now)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a synthetic episode for the node's parameter files (``python -m ...bagfile``)."""
+    import argparse
+
+    from vla_policy_node.bench.replay import settings_from_files
+
+    parser = argparse.ArgumentParser(description='Write a synthetic MCAP episode for vla-policy-replay.')
+    parser.add_argument('output', help='the .mcap file to write')
+    parser.add_argument('--params-file', action='append', default=[], required=True)
+    parser.add_argument('-p', '--param', action='append', default=[], metavar='NAME:=VALUE')
+    parser.add_argument('--seconds', type=float, default=10.0)
+    parser.add_argument('--width', type=int, default=640)
+    parser.add_argument('--height', type=int, default=480)
+    parser.add_argument('--camera-hz', type=float, default=30.0)
+    args = parser.parse_args(argv)
+    settings = settings_from_files(args.params_file, args.param)
+    write_synthetic_episode(args.output, settings, args.seconds, (args.height, args.width),
+                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz)
+    print(f'wrote {args.output}: {args.seconds:g} s, {Path(args.output).stat().st_size / 2**20:.1f} MiB')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
