@@ -150,13 +150,15 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
     Record a made-up episode for ``settings`` (the node's): what its topics would carry.
 
     Joints follow slow sines; the commands lead the measured joints by 0.1 s (a teleoperated
-    arm's commands run ahead of its state); cameras show a moving gradient, raw or jpeg per
-    ``camera_transports``. For the tests and the replay benchmark.
+    arm's commands run ahead of its state); cameras are raw or jpeg per
+    ``camera_transports``, of a camera-like scene (``bench.decode.scene``) panning slowly. For
+    the tests and the replay benchmark.
     """
     from sensor_msgs.msg import JointState
     from std_msgs.msg import String
     import numpy as np
 
+    from vla_policy_node.bench.decode import scene
     from vla_policy_node.ros.compressed import camera_topic, rgb_to_compressed
     from vla_policy_node.ros.conversions import rgb_to_image
     from vla_policy_node.ros.command_groups import CommandOutputs
@@ -182,7 +184,7 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
             return Publisher()
 
     height, width = image_size
-    columns = np.arange(width, dtype=np.float64)[None, :, None]
+    base = scene(height, width)
     with BagWriter(path) as writer:
         sink = Sink(writer)
         outputs = CommandOutputs(sink, settings.command_groups, qos=None)
@@ -200,8 +202,7 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
             elif kind == 'command':
                 outputs.publish(position(t + 0.1)[None, :], 1.0 / command_hz)
             else:
-                rows = np.arange(height, dtype=np.float64)[:, None, None]
-                rgb = ((columns + rows + 40.0 * t) % 256 * np.array([1.0, 0.5, 0.25])).astype(np.uint8)
+                rgb = np.roll(base, int(40 * t), axis=1)        # the scene pans slowly
                 for topic, transport in zip(settings.camera_topics, settings.camera_transports):
                     msg = rgb_to_compressed(rgb, 'jpeg') if transport == 'compressed' else rgb_to_image(rgb)
                     writer.write('/' + camera_topic(topic, transport).lstrip('/'), msg, sink.now)
