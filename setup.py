@@ -29,6 +29,7 @@ setup(
             f'vla_policy_node = {PACKAGE}.ros.entry:main',
             f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
             'vla-policy-bench = vla_policy_node.bench.cli:main',
+            'vla-policy-replay = vla_policy_node.bench.replay:main',
         ],
     },
 )

@@ -7,6 +7,7 @@ message (as joy_teleop's test_parameter_failures does).
 """
 
 from pathlib import Path
+import re
 
 import numpy as np
 import pytest
@@ -41,7 +42,12 @@ VALUES = {**flatten(DEFAULTS), 'allow_random_weights': True}
 
 
 def test_default_yaml_declares_every_parameter_and_nothing_else():
-    assert set(flatten(DEFAULTS)) == {spec.name for spec in PARAMETERS}
+    """Optional parameters (no default: absent means unused) are there as comments."""
+    assert set(flatten(DEFAULTS)) == {spec.name for spec in PARAMETERS if not spec.optional}
+    text = DEFAULT_CONFIG.read_text()
+    for spec in PARAMETERS:
+        if spec.optional:
+            assert re.search(rf'#\s+{spec.name.rpartition(".")[2]}:', text), spec.name
 
 
 def test_random_weights_never_start_unless_allowed():
@@ -87,6 +93,16 @@ def test_default_yaml_is_valid():
     ({'chunking.blend': 'smooth'},
      "parameter 'chunking.blend' = 'smooth' must be a string "
      '(one of latest, weighted, temporal_ensemble, rtc)'),
+    ({'joint_units.scale': [57.3] * 5},
+     'joint_units: scale has 5 entries, expected one per joint (6)'),
+    ({'joint_units.offset': [0.0] * 7},
+     'joint_units: offset has 7 entries, expected one per joint (6)'),
+    ({'camera_transports': ['compressed', 'raw', 'raw']},
+     "parameter 'camera_transports' = ['compressed', 'raw', 'raw'] must give one of raw, "
+     'compressed for every camera topic (2), or one for all'),
+    ({'camera_transports': ['theora']},
+     "parameter 'camera_transports' = ['theora'] must give one of raw, compressed for every "
+     'camera topic (2), or one for all'),
     ({'chunking.rtc_guidance': 'kinetix'},
      "parameter 'chunking.rtc_guidance' = 'kinetix' must be a string (one of paper, lerobot)"),
 ])

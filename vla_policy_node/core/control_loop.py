@@ -214,21 +214,24 @@ class ControlLoop:
                 raise ValueError(reason)
             self._settings = settings
 
-    def set_command_link(self, subscribers: int, other_publishers: int) -> None:
+    def set_command_link(self, subscribers: int, other_publishers: int,
+                         topic: str = 'the command topic') -> None:
         """
         Tell the loop who else is on the command topic; commands stop unless exactly we send.
 
         No subscriber: nothing sent is received, so the next command steps from the measured
         state (a new segment). Another publisher: two senders interleave and the step limit
-        means nothing, so the loop refuses to command until it is alone.
+        means nothing, so the loop refuses to command until it is alone. With several command
+        topics (one per controller), the fewest subscribers and all other publishers count;
+        ``topic`` names the one at fault in the reason.
         """
         with self._lock:
             if other_publishers > 0:
                 self._link_problem = Refusal(
-                    f'{other_publishers} other publisher(s) on the command topic: refusing to '
+                    f'{other_publishers} other publisher(s) on {topic}: refusing to '
                     'command (another node with the same name or topic?)', ERROR)
             elif subscribers == 0:
-                self._link_problem = Refusal('nobody subscribes to the command topic')
+                self._link_problem = Refusal(f'nobody subscribes to {topic}')
             else:
                 self._link_problem = None
             if subscribers == 0:

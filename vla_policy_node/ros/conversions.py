@@ -115,9 +115,12 @@ def _duration(seconds: float) -> Duration:
 
 
 def chunk_to_joint_trajectory(actions: np.ndarray, joint_names: Sequence[str],
-                              dt: float) -> JointTrajectory:
+                              dt: float, velocities: np.ndarray | None = None) -> JointTrajectory:
     """
     Turn actions (T, J) into a ``JointTrajectory`` whose point i is reached at (i + 1) * dt.
+
+    ``velocities`` (T, J), when given, fill each point's velocities (the controller then
+    interpolates with splines, not linearly).
 
     Row 0 is the action of this control tick; the rows after it are the plan for the next
     ticks, so joint_trajectory_controller can interpolate between them and keeps moving
@@ -136,11 +139,18 @@ def chunk_to_joint_trajectory(actions: np.ndarray, joint_names: Sequence[str],
         raise ConversionError('actions contain non-finite values')
     if not dt > 0.0:
         raise ConversionError(f'dt must be positive, got {dt}')
+    if velocities is not None:
+        velocities = np.asarray(velocities, dtype=np.float64)
+        if velocities.shape != array.shape or not np.all(np.isfinite(velocities)):
+            raise ConversionError(
+                f'velocities must be finite and of shape {array.shape}, got {velocities.shape}')
     msg = JointTrajectory()
     msg.joint_names = list(joint_names)
     for i, row in enumerate(array):
         point = JointTrajectoryPoint()
         point.positions = row.tolist()
+        if velocities is not None:
+            point.velocities = velocities[i].tolist()
         point.time_from_start = _duration((i + 1) * dt)
         msg.points.append(point)
     return msg

@@ -26,24 +26,23 @@ import numpy as np
 from rcl_interfaces.msg import SetParametersResult
 import rclpy
 from rclpy.clock import Clock, ClockType
-from rclpy.duration import Duration
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.serialization import deserialize_message
 from rclpy.signals import SignalHandlerOptions
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray, String
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
 from std_srvs.srv import Trigger
-from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.core.chunking import SchedulerConfig
 from vla_policy_node.core.control_loop import ControlLoop, INSTRUCTION, LoopSettings
 from vla_policy_node.core.inference import InferenceWorker
+from vla_policy_node.core.joint_map import joint_mapped
 from vla_policy_node.ros import diagnostics
+from vla_policy_node.ros.command_groups import CommandOutputs
+from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import (
-    action_to_float64_multiarray,
-    chunk_to_joint_trajectory,
     ConversionError,
     image_to_rgb,
     instruction_text,
@@ -73,7 +72,8 @@ WATCHDOG_PERIOD_S = 0.1
 
 def loop_settings(settings: NodeSettings) -> LoopSettings:
     """Map the node's parameters to what the control loop obeys."""
-    points = settings.trajectory_points if settings.command_interface == 'joint_trajectory' else 1
+    trajectory = any(group.interface == 'joint_trajectory' for group in settings.command_groups)
+    points = settings.trajectory_points if trajectory else 1
     return LoopSettings(
         joint_names=settings.joint_names, camera_names=settings.camera_names,
         control_rate_hz=settings.control_rate_hz, limits=settings.limits,
@@ -101,8 +101,11 @@ class VlaPolicyNode(Node):
         self._policy = make_policy(self._settings, self.get_logger().info, self.get_logger().warning)
         self._worker = InferenceWorker(self._policy, None, self._now, self._settings.policy_deadline)
         self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
+        self._compressed = {name for name, transport in zip(
+            self._settings.camera_names, self._settings.camera_transports)
+            if transport == 'compressed'}
         self._reported_unknown: set[str] = set()
-        self._other_publishers = 0
+        self._other_publishers: tuple[int, ...] = ()
         self._wire()
         self._worker.start()
         self.get_logger().info(f'ready: {self._model_description()}')
@@ -113,26 +116,28 @@ class VlaPolicyNode(Node):
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
-        command_type = (JointTrajectory if settings.command_interface == 'joint_trajectory'
-                        else Float64MultiArray)
-        self._command_pub = self.create_publisher(command_type, settings.command_topic, COMMAND_QOS)
+        self._outputs = CommandOutputs(self, settings.command_groups, COMMAND_QOS,
+                                       settings.trajectory_velocities)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
         self._loop = ControlLoop(
             loop_settings(settings), scheduler_config(settings, self._policy.chunk_size),
-            self._worker, self._publish, self._log, on_chunk_ready=self._chunk_ready.trigger)
+            joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
+            on_chunk_ready=self._chunk_ready.trigger)
         self._check_command_topic()
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode, qos_profile=SERVICE_QOS)
         self._control_timer = self.create_timer(1.0 / settings.control_rate_hz, self._on_control_tick)
         wall = Clock(clock_type=ClockType.STEADY_TIME)      # runs when a simulated clock stops
         self.create_timer(WATCHDOG_PERIOD_S, self._on_watchdog, clock=wall)
         self.create_timer(settings.diagnostics_period, self._on_diagnostics_tick, clock=wall)
-        for topic, name in zip(settings.camera_topics, settings.camera_names):
+        for topic, name, transport in zip(settings.camera_topics, settings.camera_names,
+                                          settings.camera_transports):
             self.create_subscription(
-                Image, topic, lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS,
-                raw=True)
+                CompressedImage if transport == 'compressed' else Image,
+                camera_topic(topic, transport),
+                lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
         self._joint_states = PolledSubscription(
             self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
         self.create_subscription(String, settings.instruction_topic, self._on_instruction,
@@ -158,9 +163,10 @@ class VlaPolicyNode(Node):
     def _take_frames(self) -> None:
         frames, self._frames = self._frames, {}
         for camera, (raw, arrival) in frames.items():
-            msg = deserialize_message(raw, Image)
+            compressed = camera in self._compressed
+            msg = deserialize_message(raw, CompressedImage if compressed else Image)
             try:
-                rgb = image_to_rgb(msg)
+                rgb = compressed_to_rgb(msg) if compressed else image_to_rgb(msg)
             except ConversionError as error:
                 self._loop.reject(camera, str(error))
                 continue
@@ -197,8 +203,8 @@ class VlaPolicyNode(Node):
     def _on_control_tick(self) -> None:
         self._take_joint_states()
         self._take_frames()
-        self._loop.set_command_link(self._command_pub.get_subscription_count(),
-                                    self._other_publishers)
+        subscribers, others, topic = self._outputs.link(self._other_publishers)
+        self._loop.set_command_link(subscribers, others, topic)
         self._loop.tick(self._now())
 
     def _on_chunk_ready(self) -> None:
@@ -206,19 +212,15 @@ class VlaPolicyNode(Node):
         self._on_control_tick()
 
     def _check_command_topic(self) -> None:
-        self._other_publishers = max(0, self.count_publishers(self._command_pub.topic_name) - 1)
+        self._other_publishers = self._outputs.other_publishers()
 
     def _on_watchdog(self) -> None:
         self._check_command_topic()
         self._loop.watchdog(self._now())
 
     def _publish(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
-        """Publish for the loop (its sink): points (T, J) as a trajectory, or the first as a forward command."""
-        if self._settings.command_interface == 'joint_trajectory':
-            self._command_pub.publish(chunk_to_joint_trajectory(
-                points, self._settings.joint_names, 1.0 / self._settings.control_rate_hz))
-        else:
-            self._command_pub.publish(action_to_float64_multiarray(points[0]))
+        """Publish for the loop (its sink): safe points (T, J), split over the command groups."""
+        self._outputs.publish(points, 1.0 / self._settings.control_rate_hz)
 
     # ------------------------------------------------------------------ episodes
     def _on_reset_episode(self, request: Trigger.Request,
@@ -293,7 +295,7 @@ class VlaPolicyNode(Node):
         self._control_timer.cancel()
         held = self._loop.stop(self._now())
         if held:
-            self._command_pub.wait_for_all_acked(Duration(seconds=1.0))
+            self._outputs.wait_for_all_acked(1.0)
         finished = self._worker.stop(timeout=2.0)
         status = self.status()
         total = status.latencies.get('total', (float('nan'),) * 2)

@@ -27,10 +27,18 @@ from rclpy.parameter import Parameter
 import yaml
 
 from vla_policy_node.core.chunking import BLEND_MODES, RTC_GUIDANCE
+from vla_policy_node.core.joint_map import JointMap
 from vla_policy_node.core.preprocessing import MAX_TASK_CHARS
 from vla_policy_node.core.safety import MotionLimits, SafetyError
+from vla_policy_node.ros.command_groups import (
+    check_group_names,
+    COMMAND_INTERFACES,
+    command_groups_from_values,
+    CommandGroup,
+    group_parameter,
+)
 
-COMMAND_INTERFACES = ('joint_trajectory', 'forward_command')
+CAMERA_TRANSPORTS = ('raw', 'compressed')
 DTYPES = ('float32', 'bfloat16', 'float16')
 
 
@@ -48,16 +56,17 @@ class ParamSpec:
     read_only: bool = True
     bounds: tuple[float, float] | None = None
     choices: tuple[str, ...] = ()
+    optional: bool = False      # no default, and none needed: absent means "not used"
 
     @property
     def required(self) -> bool:
         """Tell whether the parameter has no default (it describes the robot: from YAML)."""
-        return isinstance(self.default, Parameter.Type)
+        return isinstance(self.default, Parameter.Type) and not self.optional
 
     @property
     def type(self) -> Parameter.Type:
         """Return the ROS type every value of this parameter must have."""
-        if self.required:
+        if isinstance(self.default, Parameter.Type):
             return self.default
         return Parameter.Type.from_parameter_value(self.default)
 
@@ -123,11 +132,30 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('camera_names', Parameter.Type.STRING_ARRAY,
               'Policy camera feature for each topic, in the same order ("front" means '
               '"observation.images.front").'),
+    ParamSpec('camera_transports', ['raw'],
+              'Per camera topic: raw (sensor_msgs/Image on the topic) or compressed '
+              '(sensor_msgs/CompressedImage, jpeg or png as image_transport publishes it, on '
+              '<topic>/compressed; a topic already ending in /compressed is used as it is). '
+              'One entry applies to every camera.'),
     ParamSpec('instruction_topic', 'instruction',
               'std_msgs/String topic carrying the task (reliable, transient local).'),
     ParamSpec('joint_states_topic', '/joint_states', 'sensor_msgs/JointState topic.'),
     ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
               'Joints in the order of the policy\'s state and action vectors.'),
+    ParamSpec('joint_units.scale', Parameter.Type.DOUBLE_ARRAY,
+              'Per joint: policy units = (ROS units - offset) * scale, for the state; the '
+              'inverse for actions (e.g. 57.29578 for a policy trained in degrees). Absent: 1. '
+              'Limits stay in ROS units.', optional=True),
+    ParamSpec('joint_units.offset', Parameter.Type.DOUBLE_ARRAY,
+              'Per joint, in ROS units: the ROS position that is 0 for the policy. Absent: 0.',
+              optional=True),
+    ParamSpec('commands.groups', Parameter.Type.STRING_ARRAY,
+              'Names of command groups, one per controller; each has commands.<name>.joints, '
+              '.interface and .topic. Absent: one group of every joint on command_interface / '
+              'command_topic.', optional=True),
+    ParamSpec('trajectory_velocities', False, 'joint_trajectory groups: give each point '
+              'velocities (finite differences of the safe points, 0 at the last one), so '
+              'joint_trajectory_controller interpolates with splines instead of linearly.'),
     ParamSpec('command_interface', 'joint_trajectory',
               'joint_trajectory (trajectory_msgs/JointTrajectory, joint_trajectory_controller) '
               'or forward_command (std_msgs/Float64MultiArray, forward_command_controller).',
@@ -190,6 +218,27 @@ PARAMETERS: tuple[ParamSpec, ...] = (
 SPECS = {spec.name: spec for spec in PARAMETERS}
 
 
+def command_group_specs(names: Iterable[str]) -> tuple[ParamSpec, ...]:
+    """Return the parameters of the command groups ``names`` (declared once the names are known)."""
+    specs = []
+    for name in names:
+        specs += [
+            ParamSpec(group_parameter(name, 'joints'), Parameter.Type.STRING_ARRAY,
+                      f'Joints of command group {name}, in its controller\'s joint order.'),
+            ParamSpec(group_parameter(name, 'interface'), 'joint_trajectory',
+                      f'Message of command group {name}: joint_trajectory or forward_command.',
+                      choices=COMMAND_INTERFACES),
+            ParamSpec(group_parameter(name, 'topic'), Parameter.Type.STRING,
+                      f'Topic of command group {name} (e.g. arm_controller/joint_trajectory).'),
+        ]
+    return tuple(specs)
+
+
+def all_specs(values: Mapping[str, Any]) -> tuple[ParamSpec, ...]:
+    """Every parameter ``values`` calls for: the fixed ones and its command groups'."""
+    return PARAMETERS + command_group_specs(values.get('commands.groups') or ())
+
+
 @dataclass(frozen=True)
 class ChunkingSettings:
     """What the node passes to the ChunkScheduler (horizon 0 = the policy's chunk size)."""
@@ -223,6 +272,10 @@ class NodeSettings:
     instruction_topic: str
     joint_states_topic: str
     joint_names: tuple[str, ...]
+    camera_transports: tuple[str, ...]      # one per camera topic
+    joint_map: JointMap
+    command_groups: tuple[CommandGroup, ...]
+    trajectory_velocities: bool
     command_interface: str
     command_topic: str
     trajectory_points: int
@@ -263,10 +316,18 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
     through the descriptors (type, range) are checked again here so that this function alone
     decides, and can be unit-tested without a node.
     """
-    for spec in PARAMETERS:
+    names = values.get('commands.groups') or ()
+    try:
+        check_group_names(names)
+    except ValueError as error:
+        raise ParameterError(str(error)) from error
+    values = {**{spec.name: None for spec in PARAMETERS if spec.optional}, **values}
+    for spec in all_specs(values):
         if spec.name not in values:
             raise ParameterError(f"parameter '{spec.name}' is required: it {spec.requirement()}")
         value = values[spec.name]
+        if value is None and spec.optional:
+            continue
         if spec.choices and value not in spec.choices:
             raise ParameterError(
                 f"parameter '{spec.name}' = '{value}' {spec.requirement()}")
@@ -296,6 +357,23 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             raise ParameterError(
                 f"parameter '{key}' has {len(values[key])} entries, expected one per joint "
                 f'({len(joints)})')
+    transports = tuple(values['camera_transports'])
+    if len(transports) == 1:
+        transports *= len(cameras)
+    if len(transports) != len(cameras) or not set(transports) <= set(CAMERA_TRANSPORTS):
+        raise ParameterError(
+            f"parameter 'camera_transports' = {list(values['camera_transports'])} must give one "
+            f"of {', '.join(CAMERA_TRANSPORTS)} for every camera topic ({len(cameras)}), or one "
+            'for all')
+    try:
+        joint_map = JointMap.for_joints(len(joints), values['joint_units.scale'],
+                                        values['joint_units.offset'])
+    except ValueError as error:
+        raise ParameterError(f'joint_units: {error}') from error
+    try:
+        groups = command_groups_from_values(values, joints)
+    except ValueError as error:
+        raise ParameterError(str(error)) from error
     try:
         limits = MotionLimits(
             lower=np.array(values['limits.lower'], dtype=np.float64),
@@ -321,6 +399,10 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         instruction_topic=values['instruction_topic'],
         joint_states_topic=values['joint_states_topic'],
         joint_names=joints,
+        camera_transports=transports,
+        joint_map=joint_map,
+        command_groups=groups,
+        trajectory_velocities=values['trajectory_velocities'],
         command_interface=values['command_interface'],
         command_topic=values['command_topic'],
         trajectory_points=values['trajectory_points'],
@@ -355,20 +437,36 @@ def declare_parameters(node: Node, arguments: Sequence[str] = ()) -> NodeSetting
     type-checked first, see :func:`check_override_sources`.
     """
     check_override_sources(arguments, node.get_fully_qualified_name())
-    values = {}
-    for spec in PARAMETERS:
+    values: dict[str, Any] = {}
+    _declare(node, PARAMETERS, values)
+    try:
+        check_group_names(values['commands.groups'] or ())
+    except ValueError as error:
+        raise ParameterError(str(error)) from error
+    groups = command_group_specs(values['commands.groups'] or ())
+    check_override_sources(arguments, node.get_fully_qualified_name(), groups)
+    _declare(node, groups, values)
+    known = set(SPECS) | {spec.name for spec in groups}
+    unknown = sorted(set(_override_names(node)) - known - {'use_sim_time'})
+    if unknown:
+        raise ParameterError(f'unknown parameters: {unknown}')
+    return settings_from_values(values)
+
+
+def _declare(node: Node, specs: Iterable[ParamSpec], values: dict[str, Any]) -> None:
+    """Declare ``specs`` on ``node`` and put their values in ``values`` (None: optional, unset)."""
+    for spec in specs:
         try:
             node.declare_parameter(spec.name, spec.default, spec.descriptor())
             values[spec.name] = node.get_parameter(spec.name).value
         except ParameterUninitializedException as error:
+            if spec.optional:
+                values[spec.name] = None
+                continue
             raise ParameterError(
                 f"parameter '{spec.name}' is required: it {spec.requirement()}") from error
         except ParameterException as error:
             raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}") from error
-    unknown = sorted(set(_override_names(node)) - set(SPECS) - {'use_sim_time'})
-    if unknown:
-        raise ParameterError(f'unknown parameters: {unknown}')
-    return settings_from_values(values)
 
 
 def _override_names(node: Node) -> Iterable[str]:
@@ -398,8 +496,12 @@ def validate_change(current: Mapping[str, Any],
 
 
 def current_values(node: Node) -> dict[str, Any]:
-    """Return the declared parameters' current values, by name."""
-    return {spec.name: node.get_parameter(spec.name).value for spec in PARAMETERS}
+    """Return the declared parameters' current values, by name (None: optional and unset)."""
+    values = {spec.name: node.get_parameter_or(spec.name, Parameter(spec.name, value=None)).value
+              for spec in PARAMETERS}
+    for spec in command_group_specs(values['commands.groups'] or ()):
+        values[spec.name] = node.get_parameter(spec.name).value
+    return values
 
 
 # rcl's YAML rules for an unquoted scalar (rcl_yaml_param_parser get_value): these words are
@@ -414,7 +516,8 @@ _ARRAY_TYPES = {
 }
 
 
-def check_override_sources(arguments: Sequence[str], node_name: str) -> None:
+def check_override_sources(arguments: Sequence[str], node_name: str,
+                           specs: Sequence[ParamSpec] = PARAMETERS) -> None:
     """
     Type-check every value the parameter files and ``-p`` flags in ``arguments`` give.
 
@@ -425,8 +528,9 @@ def check_override_sources(arguments: Sequence[str], node_name: str) -> None:
     declared one stops the start with the file and the value in the message. Names that are
     not declared are left to the unknown-parameter check.
     """
+    by_name = {spec.name: spec for spec in specs}
     for source, name, node in _override_values(arguments, node_name):
-        spec = SPECS.get(name)
+        spec = by_name.get(name)
         if spec is None:
             continue
         kind = _yaml_type(node)

@@ -1,0 +1,130 @@
+"""
+Command groups: parameters, the split of the safe command, and the messages ros2_controllers reads.
+
+joint_trajectory_controller (validate_trajectory_msg): joint names all its own, strictly
+increasing time_from_start, a zero header stamp meaning "now", and, with its default
+allow_nonzero_velocity_at_trajectory_end false, a last point with zero velocity.
+forward_command_controller: data of exactly its joint count, in its joint order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+from test_params import VALUES
+
+from vla_policy_node.ros.command_groups import CommandOutputs, trajectory_velocities
+from vla_policy_node.ros.params import ParameterError, settings_from_values
+
+ARM = ['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll']
+GROUPS = {
+    'commands.groups': ['arm', 'gripper'],
+    'commands.arm.joints': ARM, 'commands.arm.interface': 'joint_trajectory',
+    'commands.arm.topic': 'arm_controller/joint_trajectory',
+    # Listed in an order other than joint_names': the controller's, which the split follows.
+    'commands.gripper.joints': ['gripper'], 'commands.gripper.interface': 'forward_command',
+    'commands.gripper.topic': 'gripper_controller/commands',
+}
+
+
+def test_without_groups_the_single_default_group_takes_the_old_parameters():
+    settings = settings_from_values(VALUES)
+    (group,) = settings.command_groups
+    assert group.joints == tuple(VALUES['joint_names'])
+    assert (group.interface, group.topic) == (VALUES['command_interface'], VALUES['command_topic'])
+
+
+def test_groups_map_their_joints_onto_the_policy_vector():
+    arm, gripper = settings_from_values({**VALUES, **GROUPS}).command_groups
+    assert arm.indices == (0, 1, 2, 3, 4) and gripper.indices == (5,)
+    assert gripper.interface == 'forward_command'
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'commands.gripper.joints': ['gripper', 'wrist_roll']},
+     "joint 'wrist_roll' is in command groups 'arm' and 'gripper'; a joint belongs to one controller"),
+    ({'commands.gripper.joints': ['jaw']},
+     "parameter 'commands.gripper.joints' names 'jaw', which is not in joint_names"),
+    ({'commands.arm.joints': ARM[:4]},
+     "joints ['wrist_roll'] are in no command group: every joint the policy drives must go to a "
+     'controller'),
+    ({'commands.gripper.topic': 'arm_controller/joint_trajectory'},
+     "command groups share a topic: ['arm_controller/joint_trajectory', "
+     "'arm_controller/joint_trajectory']"),
+    ({'commands.gripper.interface': 'gripper_action'},
+     "parameter 'commands.gripper.interface' = 'gripper_action' must be a string (one of "
+     'joint_trajectory, forward_command)'),
+    ({'commands.groups': ['arm', 'arm']},
+     "parameter 'commands.groups' has duplicated entries: ['arm', 'arm']"),
+    ({'commands.groups': ['arm', 'the gripper']},
+     "parameter 'commands.groups' has an invalid group name 'the gripper': use letters, digits "
+     "and _ (starting with a letter), not 'groups'"),
+    ({'commands.groups': ['arm', 'hand']},
+     "parameter 'commands.hand.joints' is required: it must be a string array"),
+])
+def test_bad_groups_are_refused_with_a_reason(change, message):
+    with pytest.raises(ParameterError) as error:
+        settings_from_values({**VALUES, **GROUPS, **change})
+    assert str(error.value) == message
+
+
+class Recorder:
+    """A publisher that keeps what it is given."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic_name = topic
+        self.messages = []
+
+    def publish(self, msg) -> None:
+        self.messages.append(msg)
+
+
+class FakeNode:
+    """Just what CommandOutputs uses of a node."""
+
+    def __init__(self) -> None:
+        self.publishers: dict[str, tuple[type, Recorder]] = {}
+
+    def create_publisher(self, kind, topic, qos):
+        self.publishers[topic] = (kind, Recorder(topic))
+        return self.publishers[topic][1]
+
+
+@pytest.mark.parametrize('velocities', [False, True])
+def test_the_safe_command_is_split_by_group_as_the_controllers_expect(velocities):
+    settings = settings_from_values({**VALUES, **GROUPS})
+    node = FakeNode()
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, velocities=velocities)
+    assert node.publishers['arm_controller/joint_trajectory'][0] is JointTrajectory
+    assert node.publishers['gripper_controller/commands'][0] is Float64MultiArray
+    dt = 0.05
+    points = np.cumsum(np.full((4, 6), 0.02), axis=0) + np.arange(6) * 0.1    # (T, J)
+    outputs.publish(points, dt)
+    (trajectory,) = node.publishers['arm_controller/joint_trajectory'][1].messages
+    (forward,) = node.publishers['gripper_controller/commands'][1].messages
+    assert trajectory.joint_names == ARM
+    assert (trajectory.header.stamp.sec, trajectory.header.stamp.nanosec) == (0, 0)
+    np.testing.assert_array_equal([p.positions for p in trajectory.points], points[:, :5])
+    times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in trajectory.points]
+    np.testing.assert_allclose(times, dt * np.arange(1, 5))
+    if velocities:
+        speeds = np.array([p.velocities for p in trajectory.points])
+        np.testing.assert_allclose(speeds[:-1], 0.02 / dt)
+        assert np.all(speeds[-1] == 0.0)
+    else:
+        assert all(len(p.velocities) == 0 for p in trajectory.points)
+    assert list(forward.data) == [points[0, 5]]
+
+
+def test_velocities_are_differences_of_the_safe_points_and_end_at_zero():
+    rng = np.random.default_rng(0)
+    dt, max_step = 0.05, 0.1
+    points = np.cumsum(rng.uniform(-max_step, max_step, (8, 3)), axis=0)
+    speeds = trajectory_velocities(points, dt)
+    assert np.all(np.abs(speeds) <= max_step / dt + 1e-12)
+    np.testing.assert_allclose(speeds[0], (points[1] - points[0]) / dt)
+    np.testing.assert_allclose(speeds[3], (points[4] - points[2]) / (2 * dt))
+    assert np.all(speeds[-1] == 0.0)
+    assert np.all(trajectory_velocities(points[:1], dt) == 0.0)
