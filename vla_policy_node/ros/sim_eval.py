@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                                     np.mean([r.steps for r in results if r.success] or [np.nan]))
     print(f'{label}: {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
     for where, (wins, total, steps) in rates.items():
-        print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%   '
-              f'mean steps of successes {steps:.1f}')
+        print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%'
+              + (f'   mean steps of successes {steps:.1f}' if wins else ''))
     return 0
 
 

@@ -25,11 +25,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..core.checkpoint import lerobot_normalizers
+from ..core.families import smolvla
 from ..core.families.smolvla import SmolVLA, SmolVLAConfig
 from ..core.loading import init_weights, load_policy
 from ..core.normalization import Normalizer
 from ..core.preprocessing import Preprocessor, newline_prompt, smolvla_image
 from ..core.tokenizer import TextTokenizer
+from ..core.weights import load_weights, prefix_key_map
 from ..sim.env import CAMERA_NAME, TouchEnv
 from ..sim.rollout import evaluate, policy_chunk_fn, success_rate
 from ..sim.task import COLOURS
@@ -57,6 +60,7 @@ class TrainConfig:
     chunk_size: int = 10
     num_steps: int = 10                   # Euler steps at inference
     eval_episodes: int = 50
+    init_from: str = ""                   # a checkpoint to continue from (its weights and statistics)
 
     def __post_init__(self) -> None:
         for name in ("episodes", "steps", "batch_size", "chunk_size", "num_steps"):
@@ -124,10 +128,16 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True) -> dict:
     demos = collect(env, cfg.episodes, cfg.chunk_size, cfg.seed, progress=progress)
     tokenizer = export.word_tokenizer(VOCABULARY)
     config, vlm = policy_configs(cfg, env, tokenizer.get_vocab_size())
-    state_stats, action_stats = mean_std(demos.states), mean_std(demos.actions)
     model_cfg = SmolVLAConfig.from_lerobot(config, vlm)
     model = SmolVLA(model_cfg)
-    init_weights(model, torch.Generator().manual_seed(cfg.seed))
+    if cfg.init_from:
+        # Continue a run: its weights, and its statistics (the weights were trained against them).
+        state_norm, action_norm = lerobot_normalizers(Path(cfg.init_from).resolve())
+        state_stats, action_stats = dict(state_norm.stats), dict(action_norm.stats)
+        load_weights(model, Path(cfg.init_from) / "model.safetensors", prefix_key_map(smolvla.key_rules()))
+    else:
+        state_stats, action_stats = mean_std(demos.states), mean_std(demos.actions)
+        init_weights(model, torch.Generator().manual_seed(cfg.seed))
     # The checkpoint's files exist from the start: the tokenizer is read back as inference reads it.
     export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
     preprocessor = Preprocessor(
@@ -216,10 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="continue from this checkpoint (its weights and normalization statistics)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = TrainConfig(seed=args.seed, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps), eval_episodes=args.eval_episodes)
+                      lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps), eval_episodes=args.eval_episodes,
+                      init_from=str(args.init_from.resolve()) if args.init_from else "")
     summary = train(cfg, args.output)
     print(json.dumps(summary, indent=2))
     print(f"checkpoint: {args.output}  loss curve: {args.output / 'loss_curve.png'}")
