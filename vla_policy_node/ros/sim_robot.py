@@ -69,7 +69,7 @@ class SimRobot(Node):
         command_topic = declare('command_topic', 'joint_trajectory_controller/joint_trajectory').value
         policy_node = declare('policy_node', '/vla_policy_node').value
         self.episodes = declare('episodes', 10).value
-        self._max_steps = declare('max_steps', 150).value
+        self._max_steps = declare('max_steps', 100).value
         self._instruction_override = declare('instruction', '').value
         self._record = declare('record_prefix', '').value
         seed = declare('seed', 0).value
