@@ -2,13 +2,13 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-DEMO_SECONDS ?= 20
+DEMO_EPISODES ?= 10
 
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 export ROS_LOCALHOST_ONLY := 1
 export ROS_DOMAIN_ID ?= 31
 
-.PHONY: setup install demo test lint
+.PHONY: setup install demo train test lint
 
 # The virtual environment with the pinned runtime and test dependencies (ROS 2 Kilted wheels,
 # torch, pytest); redone only when a requirements file changes.
@@ -18,23 +18,34 @@ $(VENV)/.setup-stamp: requirements.txt requirements-test.txt
 	$(VENV)/bin/pip install -r requirements-test.txt
 	touch $@
 
-# Editable install: puts the vla_policy_node and vla_policy_sim_robot console scripts in
-# $(VENV)/bin, running this source tree.
+# Editable install: puts the vla_policy_node, vla_policy_sim_robot, vla-policy-train and
+# vla-policy-sim-eval console scripts in $(VENV)/bin, running this source tree.
 install: $(VENV)/.install-stamp
 $(VENV)/.install-stamp: $(VENV)/.setup-stamp setup.py setup.cfg package.xml
 	$(VENV)/bin/pip install --no-deps --no-build-isolation -e .
 	touch $@
 
-# The node (tiny model, random weights) against the simulated robot for DEMO_SECONDS; the
-# robot prints the summary. The node is stopped with SIGTERM, which makes it publish a hold.
+# The node drives the simulated table-top arm with the policy that ships in the package
+# (vla_policy_node/sim/touch_policy, trained by `make train`) for DEMO_EPISODES episodes; the
+# robot prints each episode and the success rate and saves the first one as
+# demo_episode.gif / demo_episode.png. The node is stopped with SIGTERM (it publishes a hold).
 demo: install
-	@echo "vla_policy_node demo: tiny model with RANDOM weights, $(DEMO_SECONDS) s, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"
-	@$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml \
-	    -p allow_random_weights:=true & node=$$!; \
+	@ckpt=$$($(PYTHON) -m vla_policy_node.sim checkpoint) || exit 1; \
+	echo "vla_policy_node demo: the shipped table-top policy, $(DEMO_EPISODES) episodes, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"; \
+	$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml --params-file config/demo.yaml \
+	    -p checkpoint:=$$ckpt --log-level ERROR & node=$$!; \
 	trap 'kill -TERM $$node 2>/dev/null || true' EXIT; \
 	$(VENV)/bin/vla_policy_sim_robot --ros-args --params-file config/demo.yaml \
-	    -p duration:=$(DEMO_SECONDS).0 --log-level WARN; status=$$?; \
+	    -p episodes:=$(DEMO_EPISODES) -p record_prefix:=demo_episode --log-level WARN; status=$$?; \
 	kill -TERM $$node; wait $$node; exit $$status
+
+# Retrain the shipped policy from scripted demonstrations, seeded, in two runs of 10,000 and
+# 8,000 steps (the second continues the first on new layouts at half the learning rate; each
+# is about 12 minutes on an idle 2-core machine, see BENCHMARKS.md).
+train: install
+	$(VENV)/bin/vla-policy-train --output out/touch_policy_stage1 --threads 2
+	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/touch_policy --init-from out/touch_policy_stage1 \
+	    --seed 1 --steps 8000 --lr 5e-4 --warmup-steps 100 --threads 2
 
 test: install
 	$(PYTHON) -m pytest test -q

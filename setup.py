@@ -10,6 +10,11 @@ setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*']),
+    # The trained table-top policy ships inside the Python package, so an editable install
+    # (the source tree) and a colcon install (site-packages) find it at the same place
+    # relative to vla_policy_node.sim: see vla_policy_node/sim/__init__.py.
+    package_data={f'{PACKAGE}.sim': ['touch_policy/*.json', 'touch_policy/*.safetensors',
+                                     'touch_policy/*.png', 'touch_policy/vlm/*.json']},
     data_files=[
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
@@ -17,7 +22,7 @@ setup(
         (f'share/{PACKAGE}/config', glob('config/*.yaml') + glob('config/*.xml')),
     ],
     install_requires=['setuptools'],
-    zip_safe=True,
+    zip_safe=False,
     maintainer='vla_policy_node maintainers',
     maintainer_email='vla-policy-node@example.com',
     description='Vision-Language-Action policies (SmolVLA, pi0) in a ROS 2 control loop.',
@@ -30,6 +35,8 @@ setup(
             f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
             'vla-policy-bench = vla_policy_node.bench.cli:main',
             'vla-policy-replay = vla_policy_node.bench.replay:main',
+            'vla-policy-train = vla_policy_node.train.cli:main',
+            'vla-policy-sim-eval = vla_policy_node.ros.sim_eval:main',
         ],
     },
 )

@@ -1,14 +1,20 @@
 """
-A small simulated robot for the demo: cameras, joint states, an instruction, a command sink.
+The simulated table-top robot over ROS 2: what `make demo` and the evaluation drive the node with.
 
-It stands in for a robot driver plus ros2_control: it publishes synthetic camera frames that
-change with the arm's pose, joint states at a fixed rate and one latched instruction, and it
-moves each joint toward the latest commanded position at a bounded speed. It also listens to
-/diagnostics so that, when ``duration`` has passed, it can print what the policy node did.
+It wraps ``sim.TouchEnv`` (a 3-joint planar arm over coloured blocks) like a robot driver
+plus ros2_control: it publishes the top camera (``sensor_msgs/Image``, rgb8) and
+``/joint_states`` with stamps, follows the node's ``JointTrajectory`` points in time as
+joint_trajectory_controller does (or a forward command's position), and runs episodes:
+for each it places new blocks (the arm stays where it is), publishes the instruction
+(reliable, transient local), calls the node's ``~/reset_episode`` and counts control
+ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
+per episode and the success rate, and saves the first episode as a GIF and a PNG strip.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -18,6 +24,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.ros.conversions import rgb_to_image
@@ -29,128 +36,201 @@ from vla_policy_node.ros.qos import (
     INSTRUCTION_QOS,
     JOINT_STATES_QOS,
 )
+from vla_policy_node.sim.arm import JOINT_NAMES
+from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim.recording import save_gif, save_strip
+from vla_policy_node.sim.trajectory import TrajectoryFollower
+
+
+@dataclass(frozen=True)
+class EpisodeReport:
+    """One episode as the robot saw it."""
+
+    instruction: str            # the scene's task (what success is checked against)
+    sent: str                   # what was published (differs for the instruction-blind baseline)
+    success: bool
+    steps: int                  # control ticks until the touch or the limit
+    first_command_ms: float     # from the reset call to the first command after it
+    policy_p50_ms: float        # the node's inference latency (p50, last /diagnostics)
 
 
 class SimRobot(Node):
-    """First-order joint dynamics driven by the policy node's commands."""
+    """The simulated arm, its camera and the episode loop."""
 
-    def __init__(self) -> None:
-        super().__init__('vla_policy_sim_robot')
-        self._joints = list(self.declare_parameter(
-            'joint_names', ['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex',
-                            'wrist_roll', 'gripper']).value)
-        cameras = list(self.declare_parameter(
-            'camera_topics', ['camera/front/image_raw', 'camera/wrist/image_raw']).value)
-        self._size = (self.declare_parameter('image_height', 120).value,
-                      self.declare_parameter('image_width', 160).value)
-        camera_rate = self.declare_parameter('camera_rate_hz', 15.0).value
-        joint_rate = self.declare_parameter('joint_state_rate_hz', 50.0).value
-        instruction = self.declare_parameter(
-            'instruction', 'pick up the red cube and place it in the bowl').value
-        interface = self.declare_parameter('command_interface', 'joint_trajectory').value
-        command_topic = self.declare_parameter(
-            'command_topic', 'joint_trajectory_controller/joint_trajectory').value
-        self._max_velocity = self.declare_parameter('max_velocity', 1.5).value
-        self.duration = self.declare_parameter('duration', 0.0).value
-        self._positions = np.zeros(len(self._joints))
-        self._target = self._positions.copy()
-        self._commands = 0
-        self._diagnostics: dict[str, dict[str, str]] = {}
-        self._last_step = time.monotonic()
+    def __init__(self, **node_options) -> None:
+        super().__init__('vla_policy_sim_robot', **node_options)
+        declare = self.declare_parameter
+        self._joints = list(declare('joint_names', list(JOINT_NAMES)).value)
+        camera_topic = declare('camera_topic', 'camera/top/image_raw').value
+        camera_rate = declare('camera_rate_hz', 20.0).value
+        physics_rate = declare('joint_state_rate_hz', 100.0).value
+        control_rate = declare('control_rate_hz', 20.0).value
+        interface = declare('command_interface', 'joint_trajectory').value
+        command_topic = declare('command_topic', 'joint_trajectory_controller/joint_trajectory').value
+        policy_node = declare('policy_node', '/vla_policy_node').value
+        self.episodes = declare('episodes', 10).value
+        self._max_steps = declare('max_steps', 100).value
+        self._instruction_override = declare('instruction', '').value
+        self._record = declare('record_prefix', '').value
+        seed = declare('seed', 0).value
+        self.duration = declare('duration', 0.0).value
+        self._env = TouchEnv(dt=1.0 / control_rate, max_steps=self._max_steps, joint_names=tuple(self._joints))
+        self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
+        self._rng = np.random.default_rng(seed)
+        self._follower = TrajectoryFollower(len(self._joints))
+        self.reports: list[EpisodeReport] = []
+        self.finished = False
+        self._phase = 'waiting'
+        self._episode_start = 0.0
+        self._first_command: float | None = None
+        self._success = False
+        self._frames: list[np.ndarray] = []
+        self._last_physics = time.monotonic()
+        self._policy: dict[str, str] = {}
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
-        self._camera_pubs = [self.create_publisher(Image, topic, CAMERA_QOS) for topic in cameras]
-        instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
-        instruction_pub.publish(String(data=instruction))
+        self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
+        self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
+        self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
         if interface == 'joint_trajectory':
-            self.create_subscription(JointTrajectory, command_topic, self._on_trajectory,
-                                     COMMAND_QOS)
+            self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
         else:
-            self.create_subscription(Float64MultiArray, command_topic, self._on_forward,
-                                     COMMAND_QOS)
-        self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics,
-                                 DIAGNOSTICS_QOS)
-        self.create_timer(1.0 / joint_rate, self._on_joint_tick)
+            self.create_subscription(Float64MultiArray, command_topic, self._on_forward, COMMAND_QOS)
+        self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
+        self.create_timer(1.0 / physics_rate, self._on_physics_tick)
         self.create_timer(1.0 / camera_rate, self._on_camera_tick)
+        self.create_timer(1.0 / control_rate, self._on_episode_tick)
 
+    # ------------------------------------------------------------------ commands
     def _on_trajectory(self, msg: JointTrajectory) -> None:
-        if msg.points:
-            order = [msg.joint_names.index(name) for name in self._joints]
-            self._set_target(np.asarray(msg.points[0].positions)[order])
+        if not msg.points:
+            return
+        try:
+            order = [list(msg.joint_names).index(name) for name in self._joints]
+        except ValueError:
+            self.get_logger().warning(f'trajectory joints {list(msg.joint_names)} do not name {self._joints}')
+            return
+        times = [p.time_from_start.sec + 1e-9 * p.time_from_start.nanosec for p in msg.points]
+        points = np.asarray([p.positions for p in msg.points])[:, order]
+        self._follow(times, points)
 
     def _on_forward(self, msg: Float64MultiArray) -> None:
-        self._set_target(np.asarray(msg.data))
+        self._follow([self._env.dt], np.asarray(msg.data)[None, :])
 
-    def _set_target(self, target: np.ndarray) -> None:
-        self._target = target
-        self._commands += 1
+    def _follow(self, times: list[float], points: np.ndarray) -> None:
+        now = time.monotonic()
+        try:
+            self._follower.set(now, self._env.q, np.asarray(times), points)
+        except ValueError as error:
+            self.get_logger().warning(f'ignoring command: {error}')
+            return
+        if self._phase == 'running' and self._first_command is None:
+            self._first_command = now
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        self._diagnostics.update(diagnostics_to_dict(msg))
+        for name, values in diagnostics_to_dict(msg).items():
+            if name.endswith(': policy'):
+                self._policy = values
 
-    def _on_joint_tick(self) -> None:
+    # ------------------------------------------------------------------ physics and sensors
+    def _on_physics_tick(self) -> None:
         now = time.monotonic()
-        step = self._max_velocity * (now - self._last_step)
-        self._last_step = now
-        self._positions += np.clip(self._target - self._positions, -step, step)
-        msg = JointState(name=self._joints, position=self._positions.tolist())
+        desired = self._follower.desired(now)
+        if desired is not None:
+            self._env.move_toward(desired, now - self._last_physics)
+        self._last_physics = now
+        if self._phase == 'running' and self._env.is_touching():
+            self._success = True
+        msg = JointState(name=self._joints, position=self._env.q.tolist())
         msg.header.stamp = self.get_clock().now().to_msg()
         self._joint_pub.publish(msg)
 
     def _on_camera_tick(self) -> None:
-        height, width = self._size
-        rows = np.linspace(0, 255, height, dtype=np.float64)[:, None]
-        cols = np.linspace(0, 255, width, dtype=np.float64)[None, :]
-        for index, publisher in enumerate(self._camera_pubs):
-            shift = 40.0 * float(np.sum(self._positions)) + 60.0 * index
-            red = np.broadcast_to((rows + shift) % 256, (height, width))
-            green = np.broadcast_to((cols + shift) % 256, (height, width))
-            blue = np.full((height, width), 128.0)
-            rgb = np.stack([red, green, blue], axis=-1).astype(np.uint8)
-            msg = rgb_to_image(rgb, frame_id=f'camera_{index}')
-            msg.header.stamp = self.get_clock().now().to_msg()
-            publisher.publish(msg)
+        frame = self._env.render()
+        msg = rgb_to_image(frame, frame_id='top_camera')
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._camera_pub.publish(msg)
+        if self._phase == 'running' and self._record and not self.reports:
+            self._frames.append(frame)
 
-    def summary(self, seconds: float) -> str:
-        """Describe the run for a person, from the policy node's last diagnostics."""
-        policy = next((v for k, v in self._diagnostics.items() if k.endswith(': policy')), None)
-        if policy is None:
-            return ('no diagnostics received from vla_policy_node: is it running with the '
-                    'same ROS_DOMAIN_ID?')
-        lines = [
-            f'vla_policy_node demo summary ({seconds:.0f} s)',
-            f"  model:               {policy.get('model', '?')}",
-            '  NOTE: the weights are random, so the motions are meaningless; this demo shows '
-            'the plumbing, the safety limits and the timings.',
-            f"  device:              {policy.get('device', '?')}",
-            '  (node figures as of its last /diagnostics message)',
-            f"  node state:          {policy.get('state', '?')}",
-            f"  control steps:       {policy.get('control_steps', '?')}",
-            f"  prefix passes:       {policy.get('prefix_passes', '?')}",
-            f"  denoise steps:       {policy.get('denoise_steps', '?')}",
-            f"  commands published:  {policy.get('commands_published', '?')} "
-            f"(holds: {policy.get('holds_published', '?')}, "
-            f"clamped joints: {policy.get('clamped_joints', '?')})",
-            f'  commands received:   {self._commands} (by this simulated robot)',
-        ]
-        for stage in ('prefix', 'denoise', 'total'):
-            lines.append(
-                f'  {stage + " latency:":<21}p50 {policy.get(stage + "_latency_p50_ms", "?")} ms'
-                f', p95 {policy.get(stage + "_latency_p95_ms", "?")} ms')
-        return '\n'.join(lines)
+    # ------------------------------------------------------------------ episodes
+    def _on_episode_tick(self) -> None:
+        if self._phase == 'waiting':
+            if self._reset.service_is_ready():
+                self._start_episode()
+            return
+        if self._phase != 'running':
+            return
+        steps = int((time.monotonic() - self._episode_start) / self._env.dt)
+        if self._success or steps >= self._max_steps:
+            self._finish_episode(min(steps, self._max_steps))
+
+    def _start_episode(self) -> None:
+        self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
+        self._follower.clear()
+        self._on_camera_tick()                           # the new layout before the new task
+        sent = self._instruction_override or self._env.scene.instruction
+        self._instruction_pub.publish(String(data=sent))
+        self._reset.call_async(Trigger.Request())
+        self._episode_start = time.monotonic()
+        self._first_command = None
+        self._success = False
+        self._phase = 'running'
+
+    def _finish_episode(self, steps: int) -> None:
+        first = self._first_command
+        report = EpisodeReport(
+            instruction=self._env.scene.instruction,
+            sent=self._instruction_override or self._env.scene.instruction,
+            success=self._success, steps=steps,
+            first_command_ms=float('nan') if first is None else 1e3 * (first - self._episode_start),
+            policy_p50_ms=float(self._policy.get('total_latency_p50_ms', 'nan')))
+        self.reports.append(report)
+        print(format_report(len(self.reports), self.episodes, report), flush=True)
+        if len(self.reports) == 1 and self._record:
+            self._save_recording()
+        if len(self.reports) >= self.episodes > 0:
+            self._phase = 'done'
+            self.finished = True
+        else:
+            self._start_episode()
+
+    def _save_recording(self) -> None:
+        if not self._frames:
+            return
+        gif, png = Path(self._record + '.gif'), Path(self._record + '.png')
+        save_gif(self._frames, gif, self._env.dt)
+        save_strip(self._frames, png)
+        print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
+
+    def summary(self) -> str:
+        """Return the success rate line."""
+        done = len(self.reports)
+        wins = sum(r.success for r in self.reports)
+        if not done:
+            return 'no episode finished: is vla_policy_node running with the same ROS_DOMAIN_ID?'
+        return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}% (through vla_policy_node over DDS)'
+
+
+def format_report(index: int, total: int, report: EpisodeReport) -> str:
+    """One line per episode, for a person."""
+    blind = '' if report.sent == report.instruction else f' (sent {report.sent!r})'
+    return (f'episode {index:>3}/{total}: {report.instruction!r:<26}{blind} '
+            f"{'SUCCESS' if report.success else 'failure'}  steps {report.steps:>3}  "
+            f'first command {report.first_command_ms:6.1f} ms  policy p50 {report.policy_p50_ms:.1f} ms')
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the simulated robot for ``duration`` seconds (0 = until Ctrl-C), then summarise."""
+    """Run ``episodes`` episodes (0 = until Ctrl-C or ``duration``), then print the success rate."""
     rclpy.init(args=args)
     robot = SimRobot()
     started = time.monotonic()
     try:
-        while rclpy.ok() and (robot.duration <= 0.0
-                              or time.monotonic() - started < robot.duration):
+        while rclpy.ok() and not robot.finished and (
+                robot.duration <= 0.0 or time.monotonic() - started < robot.duration):
             rclpy.spin_once(robot, timeout_sec=0.05)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
-    print(robot.summary(time.monotonic() - started), flush=True)
+    print(robot.summary(), flush=True)
     robot.destroy_node()
     rclpy.try_shutdown()
-    return 0
+    return 0 if robot.finished or robot.episodes <= 0 else 1

@@ -1,0 +1,40 @@
+"""
+The table-top demo in a colcon workspace: the node with the shipped policy and the simulated arm.
+
+    ros2 launch vla_policy_node sim_demo.launch.py episodes:=20
+
+The checkpoint ships inside the Python package (vla_policy_node/sim/touch_policy), so its
+folder is taken from the installed module rather than from share/.
+"""
+
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
+
+from vla_policy_node.sim import SHIPPED_CHECKPOINT
+
+
+def generate_launch_description() -> LaunchDescription:
+    """Declare the episode count; start the node (default.yaml, demo.yaml, checkpoint) and the robot."""
+    config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
+    demo = os.path.join(config, 'demo.yaml')
+    return LaunchDescription([
+        DeclareLaunchArgument('episodes', default_value='10', description='Episodes to run.'),
+        Node(
+            package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
+            output='screen', emulate_tty=True,
+            parameters=[os.path.join(config, 'default.yaml'), demo,
+                        {'checkpoint': str(SHIPPED_CHECKPOINT)}],
+        ),
+        Node(
+            package='vla_policy_node', executable='vla_policy_sim_robot', name='vla_policy_sim_robot',
+            output='screen', emulate_tty=True,
+            parameters=[demo, {'episodes': ParameterValue(LaunchConfiguration('episodes'), value_type=int),
+                               'record_prefix': 'demo_episode'}],
+        ),
+    ])

@@ -1,0 +1,1 @@
+"""Training a small SmolVLA-style policy on the simulated table-top task (flow matching, CPU)."""
