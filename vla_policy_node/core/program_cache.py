@@ -161,7 +161,6 @@ class ProgramCache:
         ``build`` writes an AOTInductor package (``.pt2``) to the path it is given.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        point_compiler_caches_at(self.root)
         folder = self.entry(key)
         if folder.exists():
             problem = self._verify(folder, key)
@@ -181,6 +180,7 @@ class ProgramCache:
         return self._load(folder, device)
 
     def _build(self, folder: Path, key: dict, build: Callable[[Path], None], device: torch.device) -> None:
+        point_compiler_caches_at(self.root)           # only here: loading needs no compiler (nor its import)
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
         try:
             package = staging / "program.pt2"
