@@ -106,7 +106,7 @@ class LoadedProgram:
 
     def __init__(self, runner: object) -> None:
         self.runner = runner
-        in_spec, out_spec = runner.get_call_spec()
+        _, out_spec = runner.get_call_spec()              # (input spec, output spec)
         self.out_spec = pytree.treespec_loads(out_spec)     # decoded once, not at every call
 
     def __call__(self, *args: object) -> object:
