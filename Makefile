@@ -53,6 +53,12 @@ test: install
 lint: install
 	$(PYTHON) -m pytest test/test_flake8.py test/test_pep257.py -q
 
+# On a CUDA machine (under 5 minutes): the CUDA tests, SmolVLA f32/bf16 with and without CUDA
+# graphs, pi0 bf16 with 1 and 3 cameras, and one table of the GPU goals; stops at once without CUDA.
+.PHONY: gpu-check
+gpu-check: install
+	$(PYTHON) -m vla_policy_node.bench.gpu_check
+
 # Optional: LeRobot 0.4.4 in its own environment (it pins torch<2.11) for vla-policy-bench's
 # LeRobot column; several GB (PyPI's x86_64 torch is a CUDA build, run on the CPU here).
 .PHONY: lerobot-env

@@ -13,6 +13,9 @@ sys.path.insert(0, str(REPO))
 REFERENCE = Path(os.environ.get("VLA_REFERENCE_DIR", REPO.parent / "shared" / "reference"))
 
 torch.set_num_threads(1)
+# The compiled programs tests build are kept between runs, so a rerun loads them instead of compiling
+# (the cache's own tests use folders of their own).
+os.environ.setdefault("VLA_POLICY_NODE_CACHE_DIR", str(REPO / ".pytest_cache" / "vla_policy_node"))
 
 
 @pytest.fixture

@@ -58,3 +58,15 @@ def test_dds_mode_passes_compile_to_the_node(tmp_path):
     params = yaml.safe_load(path.read_text())["/**"]["ros__parameters"]
     assert params["compile"] is True and params["num_threads"] == 1
     assert "compile" in {spec.name for spec in PARAMETERS}
+
+
+def test_bench_batch_and_longest_padding(tmp_path, monkeypatch):
+    """--batch stacks rows with prompts of different lengths; --padding longest pads them to the longest only."""
+    monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")
+    r = run_bench(tmp_path, "--batch", "3", "--padding", "longest", "--cameras", "2", "--naive-iters", "0")
+    c = r["config"]
+    assert (c["batch"], c["padding"], c["cameras"]) == (3, "longest", 2)
+    assert 0 < c["prompt_tokens"] < 48                                     # max_length would be 48
+    assert c["prefix_tokens"] == 2 * (64 // 8) ** 2 // 2 ** 2 + c["prompt_tokens"] + 1
+    assert r["step_bytes"]["weights"] > 0 and r["step_bytes"]["kv_cache"] > 0
+    assert r["stages"]["total"]["n"] == 2

@@ -54,13 +54,13 @@ def test_frozen_view_attends_like_the_cache_and_copies_nothing():
     cache.verify_unchanged()
 
 
-def test_a_program_that_writes_its_inputs_is_refused_before_compiling():
+def test_a_program_that_writes_its_inputs_is_refused_before_compiling(tmp_path):
     class WritesItsInput(torch.nn.Module):
         def forward(self, x):
             x.add_(1.0)
             return x * 2.0
     with torch.no_grad(), pytest.raises(RuntimeError, match="writes its inputs"):
-        aot_compile(WritesItsInput(), (torch.zeros(3),), torch.device("cpu"))
+        aot_compile(WritesItsInput(), (torch.zeros(3),), tmp_path / "program.pt2")
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +168,50 @@ def test_compiled_pi_policies_match_lerobot(reference_dir, family):
     expected = load_file(folder / "expected.safetensors")["x_final_padded"]
     assert max_diff(actions, expected) < TOL
     assert policy.stats.prefix_passes == policy.stats.control_steps == 1
+
+
+def batch_observation(policy, tasks, seed):
+    rng = np.random.default_rng(seed)
+    b = len(tasks)
+    obs = {"images": {n: rng.integers(0, 256, (b, 48, 64, 3), dtype=np.uint8) for n in policy.camera_names},
+           "state": rng.normal(size=(b, policy.state_dim)), "task": list(tasks)}
+    noise = rng.standard_normal((b, policy.chunk_size, 32)).astype(np.float32)
+    return obs, noise
+
+
+@pytest.mark.parametrize("padding", ["longest", "max_length"])
+@pytest.mark.parametrize("tasks", [("wave",), ("wave", "pick up the cube and place it")])
+def test_compiled_equals_eager_for_each_padding_and_batch(padding, tasks):
+    """Longest padding runs the compiled program of the smallest prompt bucket that holds the prompt."""
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2, padding=padding)
+    assert policy.runtime.prompt_lengths == ((8, 16, 32) if padding == "longest" else ())
+    obs, noise = batch_observation(policy, tasks, seed=len(tasks))
+    eager = policy.predict_action_chunk(obs, noise)
+    policy.runtime.torch_compile = True
+    compiled = policy.predict_action_chunk(obs, noise)
+    (signature,) = policy.runtime.compiled_signatures
+    tokens = signature[2][0]                        # (B, L) of the prompt the program was built for
+    assert tokens == (len(tasks), 8 if padding == "longest" and len(tasks) == 1 else 32)   # "wave\n": 5 tokens
+    assert compiled.shape == eager.shape
+    assert np.abs(compiled - eager).max() < 1e-5
+
+
+def test_warm_up_compiles_every_prompt_bucket_and_a_restart_loads_them():
+    """'longest' padding: the warm-up builds one program pair per bucket; a second start loads all of them."""
+    from vla_policy_node.core.program_cache import ProgramCache
+
+    stats = []
+    for _ in range(2):                              # two starts on one cache folder (the tests' own)
+        policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2, padding="longest")
+        policy.runtime.torch_compile = True
+        policy.runtime.program_cache = ProgramCache()
+        policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=1)
+        assert sorted(s[2][0][1] for s in policy.runtime.compiled_signatures) == [8, 16, 32]
+        stats.append(policy.runtime.program_cache.stats)
+    assert stats[0].built + stats[0].loaded == 6
+    assert (stats[1].built, stats[1].loaded, stats[1].rebuilt) == (0, 6, 0)
+    obs, noise = batch_observation(policy, ["a task of twelve"], seed=9)      # 17 tokens: the 32 bucket
+    policy.runtime.torch_compile = True
+    compiled = policy.predict_action_chunk(obs, noise)
+    policy.runtime.torch_compile = False
+    assert np.abs(compiled - policy.predict_action_chunk(obs, noise)).max() < 1e-5

@@ -293,8 +293,9 @@ def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tm
     override = tmp_path / 'compiled.yaml'
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': params}}))
     env = {}
-    if case == 'no_compiler':       # and an empty compile cache, or a cached build would hide it
-        env = {'CXX': str(tmp_path / 'no-such-compiler'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'inductor')}
+    if case == 'no_compiler':       # and empty compile caches, or a cached build would hide it
+        env = {'CXX': str(tmp_path / 'no-such-compiler'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'inductor'),
+               'VLA_POLICY_NODE_CACHE_DIR': str(tmp_path / 'programs')}
     with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe, ready_timeout=240.0,
                          env=env) as (node, probe):
         expected = {'compiled': '(compiled)', 'no_compiler': 'compile failed, running eager',
@@ -302,6 +303,8 @@ def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tm
         assert expected in node.output, node.output
         if case != 'compiled':
             assert '(compiled)' not in node.output
+        else:                       # programs loaded from the cache or compiled, and the warm-up's race
+            assert 'compile cache' in node.output and 'compiled code kept' in node.output, node.output
         assert wait_until(lambda: probe.counter('chunks_received') >= 3, 30.0), node.output
         assert probe.command_count() > 5
         for fault in ('raised', 'non_finite', 'late'):

@@ -211,17 +211,21 @@ def write_processors(folder: Path, tokenizer_name: str, max_length: int, padding
 
 
 def save_random_checkpoint(folder: Path, name: str, cameras: int, seed: int = 0, dtype: str = "float32",
-                           info: Optional[dict] = None) -> Path:
+                           info: Optional[dict] = None, padding: str = "max_length") -> Path:
     """
     Write a random-weight LeRobot checkpoint of configuration ``name``; returns ``folder``.
 
     ``dtype`` is the weights file's dtype for ``pi0`` (SmolVLA configurations are always saved
     in float32). ``info``, when given, receives build/save seconds, file bytes and parameters.
+    ``padding`` is the prompt padding the pre-processor records: ``max_length`` or ``longest``.
     """
+    if padding not in ("max_length", "longest"):
+        raise ValueError(f"padding must be 'max_length' or 'longest', got {padding!r}")
     if name in PI0_CONFIGS:
-        return save_random_pi0_checkpoint(folder, cameras, seed, dtype, PI0_DIMS_OVERRIDE, info)
+        return save_random_pi0_checkpoint(folder, cameras, seed, dtype, PI0_DIMS_OVERRIDE, info, padding)
     t0 = time.perf_counter()
     cfg, vlm = lerobot_config(name, cameras)
+    cfg["pad_language_to"] = padding
     folder.mkdir(parents=True, exist_ok=True)
     vlm_dir = folder / VLM_DIR
     # Relative: LeRobot resolves it against its working directory (the worker runs in the folder).
@@ -387,7 +391,7 @@ def write_pi_tokenizer(folder: Path) -> None:
         "clean_up_tokenization_spaces": False, "extra_special_tokens": {}}, indent=2))
 
 
-def write_pi0_processors(folder: Path, config: dict, tokenizer_name: str) -> None:
+def write_pi0_processors(folder: Path, config: dict, tokenizer_name: str, padding: str = "max_length") -> None:
     """Write LeRobot 0.4.4's pi0 pre/post-processor pipelines with identity statistics (mean 0, std 1)."""
     stats = {}
     for key, dim in (("observation.state", STATE_DIM), ("action", ACTION_DIM)):
@@ -406,7 +410,7 @@ def write_pi0_processors(folder: Path, config: dict, tokenizer_name: str) -> Non
         {"registry_name": "pi0_new_line_processor", "config": {}},
         {"registry_name": "tokenizer_processor",
          "config": {"max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
-                    "padding": "max_length", "truncation": True, "tokenizer_name": tokenizer_name}},
+                    "padding": padding, "truncation": True, "tokenizer_name": tokenizer_name}},
         device,
         {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": norm_map},
          "state_file": pre_file}]}, indent=2))
@@ -418,7 +422,8 @@ def write_pi0_processors(folder: Path, config: dict, tokenizer_name: str) -> Non
 
 
 def save_random_pi0_checkpoint(folder: Path, cameras: int, seed: int = 0, dtype: str = "bfloat16",
-                               dims: Optional[dict] = None, info: Optional[dict] = None) -> Path:
+                               dims: Optional[dict] = None, info: Optional[dict] = None,
+                               padding: str = "max_length") -> Path:
     """
     Write a random-weight LeRobot 0.4.4 pi0 checkpoint (published sizes unless ``dims``); returns ``folder``.
 
@@ -438,7 +443,7 @@ def save_random_pi0_checkpoint(folder: Path, cameras: int, seed: int = 0, dtype:
         (folder / "tiny_dims.json").write_text(json.dumps(dims, indent=2))
     write_pi_tokenizer(folder / TOKENIZER_DIR)
     (folder / "config.json").write_text(json.dumps(config, indent=4))
-    write_pi0_processors(folder, config, TOKENIZER_DIR)
+    write_pi0_processors(folder, config, TOKENIZER_DIR, padding)
     generator = torch.Generator().manual_seed(seed)
     with default_dtype(torch_dtype):
         model = pi0_family.Pi0(model_cfg)

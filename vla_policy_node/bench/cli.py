@@ -46,9 +46,12 @@ from vla_policy_node.core.types import ModelInputs
 from vla_policy_node.models import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
-LEROBOT_PYTHON = REPO / ".venv-lerobot" / "bin" / "python"
+# LeRobot's own environment (``make lerobot-env``); VLA_BENCH_LEROBOT_PYTHON points at another one.
+LEROBOT_PYTHON = Path(os.environ.get("VLA_BENCH_LEROBOT_PYTHON", REPO / ".venv-lerobot" / "bin" / "python"))
 WORKER = Path(__file__).with_name("lerobot_worker.py")
 TASK = "pick up the red cube and put it in the bin"
+# Rows of a batch get prompts of different lengths, so that 'longest' padding has something to pad.
+BATCH_TASKS = (TASK, "open the drawer", "put the cube in the bin", "stack the blocks")
 STAGES = ("preprocess", "prefix", "denoise_step", "denoise", "postprocess", "total")
 PI_FAMILIES = ("pi0", "pi05")
 
@@ -219,22 +222,33 @@ class LeRobotWorker:
             self.proc.wait(timeout=60)
 
 
-def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int) -> tuple[dict, np.ndarray]:
-    """Random uint8 camera frames, state and a fixed task; noise (1, chunk, max_action_dim)."""
+def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int, batch: int = 1) -> tuple[dict, np.ndarray]:
+    """
+    Random uint8 camera frames, state and tasks; noise (B, chunk, max_action_dim).
+
+    At batch 1 the arrays are single-row ((H, W, 3), (D,)) and the task ``TASK``, as a robot
+    sends them; larger batches stack rows with the prompts of ``BATCH_TASKS``.
+    """
     rng = np.random.default_rng(seed)
     h, w = frame_hw
-    obs = {"images": {name: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for name in policy.camera_names},
-           "state": rng.normal(size=policy.state_dim).astype(np.float32), "task": TASK}
-    noise = rng.standard_normal((1, policy.chunk_size, policy.model.max_action_dim)).astype(np.float32)
+    lead = () if batch == 1 else (batch,)
+    obs = {"images": {name: rng.integers(0, 256, (*lead, h, w, 3), dtype=np.uint8) for name in policy.camera_names},
+           "state": rng.normal(size=(*lead, policy.state_dim)).astype(np.float32),
+           "task": TASK if batch == 1 else [BATCH_TASKS[i % len(BATCH_TASKS)] for i in range(batch)]}
+    noise = rng.standard_normal((batch, policy.chunk_size, policy.model.max_action_dim)).astype(np.float32)
     return obs, noise
 
 
 def worker_inputs(policy: Policy, obs: dict, noise: np.ndarray, path: Path) -> ModelInputs:
     """Save what LeRobot's ``predict_action_chunk`` takes (after its pre-processor) for the same observation."""
     inputs = policy.preprocessor(obs)
-    tensors = {f"batch.{name}": torch.from_numpy(obs["images"][name]).permute(2, 0, 1)[None]
-               .float().div(255.0).contiguous() for name in policy.camera_names}
-    state = policy.preprocessor.state_normalizer.normalize(np.asarray(obs["state"], np.float32)[None])
+
+    def frames(arr: np.ndarray) -> torch.Tensor:            # (B, 3, H, W) float in [0, 1]
+        arr = arr if arr.ndim == 4 else arr[None]
+        return torch.from_numpy(arr).permute(0, 3, 1, 2).float().div(255.0).contiguous()
+    tensors = {f"batch.{name}": frames(obs["images"][name]) for name in policy.camera_names}
+    state = np.asarray(obs["state"], np.float32)
+    state = policy.preprocessor.state_normalizer.normalize(state if state.ndim == 2 else state[None])
     tensors["batch.observation.state"] = torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32))
     tensors["batch.observation.language.tokens"] = inputs.tokens
     tensors["batch.observation.language.attention_mask"] = inputs.token_mask
@@ -286,6 +300,34 @@ def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dic
     return {"prefix": float(prefix.get_total_flops()), "step": float(step.get_total_flops())}
 
 
+def step_bytes(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dict[str, int]:
+    """
+    Bytes one denoising step must read from memory at least: its weights and the prefix K/V.
+
+    The weights are the parameters of the modules one ``velocity`` call runs (forward
+    hooks; cross-attention K/V projected once per prefix are not among them). The GPU
+    check divides this by the memory bandwidth: the step's floor.
+    """
+    model, runtime = policy.model, policy.runtime
+    touched: dict[int, int] = {}
+
+    def hook(module: torch.nn.Module, args: object) -> None:
+        for p in module.parameters(recurse=False):
+            touched[id(p)] = p.numel() * p.element_size()
+    with torch.inference_mode():
+        cache = VLAPrefixCache()
+        ctx = model.encode_prefix(inputs, cache)
+        cache.freeze(model.num_cache_layers)
+        handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
+        try:
+            model.velocity(noise.to(policy.device), runtime.time_cond[0], ctx)
+        finally:
+            for h in handles:
+                h.remove()
+        kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in layer)
+    return {"weights": sum(touched.values()), "kv_cache": kv}
+
+
 def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters: int,
                 stages: dict) -> dict:
     """Time cached vs naive (prefix recomputed every step), alternating; measured and theoretical ratios."""
@@ -328,7 +370,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     policy.runtime.torch_compile = args.compile
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or policy.preprocessor.image_size
-    obs, noise_np = make_observation(policy, frame, args.seed)
+    obs, noise_np = make_observation(policy, frame, args.seed, args.batch)
     inputs_path = work / "inputs.safetensors"
     inputs = worker_inputs(policy, obs, noise_np, inputs_path).to(policy.device, policy.dtype)
     noise = torch.from_numpy(noise_np)
@@ -396,6 +438,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
             lerobot.update(**summarize(theirs_s), speedup=float(np.median(pairs)),
                            speedup_of_medians=float(np.median(theirs_s) / np.median(ours_total)))
         naive = naive_ratio(policy, inputs, noise, args.naive_iters, stages) if args.naive_iters else None
+        read_per_step = step_bytes(policy, inputs, noise)
     finally:
         if worker is not None:
             worker.close()
@@ -410,6 +453,8 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     prefix_tokens = policy.runtime.cache.seq_length()
     return {
         "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
+                   "batch": args.batch, "padding": policy.preprocessor.padding,
+                   "prompt_tokens": int(inputs.tokens.shape[1]),
                    "device": str(policy.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
                    "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "compile": args.compile,
                    "iters": args.iters,
@@ -420,7 +465,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
                    "load_s": load_s, "checkpoint": saved},
         "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(policy.device) if cuda else None},
-        "stages": stages, "memory": memory, "naive": naive, "lerobot": lerobot,
+        "stages": stages, "memory": memory, "naive": naive, "lerobot": lerobot, "step_bytes": read_per_step,
     }
 
 
@@ -463,6 +508,7 @@ def dds_table(result: dict) -> str:
 def table(result: dict) -> str:
     c, m, s = result["config"], result["memory"], result["stages"]
     lines = [f"vla-policy-bench: {c['name']} ({c['family']}, {c['params_m']:.1f} M params), {c['cameras']} camera(s), "
+             f"batch {c['batch']}, '{c['padding']}' padding ({c['prompt_tokens']} prompt tokens), "
              f"{c['device']} {c['dtype']}, {c['threads']} threads, {c['prefix_tokens']} prefix tokens, "
              f"{c['num_steps']} steps, chunk {c['chunk_size']}, {c['iters']} iterations after {c['warmup']} warm-up",
              f"{'stage':<22}{'median ms':>12}{'p95 ms':>12}{'max ms':>12}"]
@@ -512,6 +558,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="random-weight configuration at real dimensions (ignored with --checkpoint)")
     p.add_argument("--checkpoint", type=Path, help="benchmark this LeRobot checkpoint folder instead")
     p.add_argument("--cameras", type=int, default=1, help="1..3 (named configurations)")
+    p.add_argument("--batch", type=int, default=1, help="observations per chunk request (rows of different prompts)")
+    p.add_argument("--padding", choices=["max_length", "longest"], default="max_length",
+                   help="prompt padding the random checkpoint's pre-processor records (named configurations)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="run dtype; pi0's random checkpoint is also saved in it")
@@ -536,6 +585,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.naive_iters < 0:
         p.error("--iters must be >= 1, --warmup and --naive-iters >= 0")
+    if args.batch < 1:
+        p.error("--batch must be >= 1")
     return args
 
 
@@ -560,7 +611,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"writing a random-weight {args.config} checkpoint ({args.cameras} camera(s))")
             saved = {}
             folder = checkpoints.save_random_checkpoint(work / "checkpoint", args.config, args.cameras, args.seed,
-                                                        args.dtype, saved)
+                                                        args.dtype, saved, args.padding)
             progress(f"checkpoint written: build + init {saved['build_s']:.1f} s, save {saved['save_s']:.1f} s, "
                      f"{saved['file_bytes'] / 2**30:.2f} GiB")
         result = run_dds(args, folder) if args.dds else run(args, folder, work, saved, estimate)

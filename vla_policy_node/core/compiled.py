@@ -2,20 +2,22 @@
 Ahead-of-time compiled sampling: the prefix pass and the denoising loop as two shared libraries.
 
 Used by ``PolicyRuntime`` when ``torch_compile`` is set (the node's ``compile``
-parameter), on any device; on CUDA the captured graphs of ``runtime`` win.
+parameter), on any device; on CUDA the captured graphs of ``runtime`` win. Programs
+are stored in a ``ProgramCache`` on disk, so a restart loads them instead of compiling.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
 
 from .flow import euler_integrate
 from .prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
+from .program_cache import ProgramCache
 from .types import ModelInputs
 
 if TYPE_CHECKING:
@@ -26,6 +28,41 @@ def input_signature(inputs: ModelInputs, noise: Tensor) -> tuple:
     """Shape, dtype and device of every input a captured or compiled sample was specialised to."""
     tensors = [*inputs.images, *inputs.image_masks, inputs.tokens, inputs.token_mask, inputs.state, noise]
     return tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in tensors)
+
+
+def prompt_buckets(max_length: int, count: int = 3) -> tuple[int, ...]:
+    """
+    Return the prompt lengths compiled for ``longest`` padding: ``max_length`` and halvings, rounded up to 8.
+
+    A prompt is padded (mask false) to the smallest bucket that holds it, so a
+    few programs, all compiled in the warm-up, serve every prompt: 48 -> (16, 24, 48).
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    sizes = {max_length}
+    for i in range(1, count):
+        sizes.add(min(max_length, -(-max_length // (2 ** i) // 8) * 8 or 8))
+    return tuple(sorted(sizes))
+
+
+def with_prompt_length(inputs: ModelInputs, length: int) -> ModelInputs:
+    """Pad the prompt to ``length`` tokens (pad id 0, mask false), or cut it there (warm-up shapes only)."""
+    tokens, mask = inputs.tokens, inputs.token_mask
+    extra = length - tokens.shape[1]
+    if extra > 0:
+        tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], extra)], dim=1)
+        mask = torch.cat([mask, mask.new_zeros(mask.shape[0], extra)], dim=1)
+    elif extra < 0:
+        tokens, mask = tokens[:, :length], mask[:, :length]
+    return ModelInputs(inputs.images, inputs.image_masks, tokens, mask, inputs.state)
+
+
+def describe_args(args: tuple) -> dict:
+    """Structure and shape/dtype/device of every tensor of a call: the input part of a cache key."""
+    leaves, spec = pytree.tree_flatten(args)
+    return {"structure": str(spec),
+            "tensors": [[list(t.shape), str(t.dtype), str(t.device), list(t.stride())] if isinstance(t, Tensor)
+                        else repr(t) for t in leaves]}
 
 
 class PrefixPass(nn.Module):
@@ -77,11 +114,16 @@ class CompiledSample:
     """
 
     def __init__(self, model: FlowMatchingVLA, time_cond: list[Tensor], dt: Tensor, num_steps: int,
-                 inputs: ModelInputs, noise: Tensor, device: torch.device) -> None:
-        self.prefix: Callable = aot_compile(PrefixPass(model), self.prefix_args(inputs), device)
-        keys, values, pad, extras = self.prefix(*self.prefix_args(inputs))
-        self.denoise: Callable = aot_compile(DenoisingLoop(model, time_cond, dt, num_steps),
-                                             (noise, keys, values, pad, extras), device)
+                 inputs: ModelInputs, noise: Tensor, device: torch.device, cache: ProgramCache, key: dict) -> None:
+        args = self.prefix_args(inputs)
+        self.prefix: Callable = cache.load_or_build(
+            {**key, "program": "prefix", "inputs": describe_args(args)},
+            lambda path: aot_compile(PrefixPass(model), args, path), device)
+        keys, values, pad, extras = self.prefix(*args)
+        loop_args = (noise, keys, values, pad, extras)
+        self.denoise: Callable = cache.load_or_build(
+            {**key, "program": "denoise", "inputs": describe_args(loop_args)},
+            lambda path: aot_compile(DenoisingLoop(model, time_cond, dt, num_steps), loop_args, path), device)
 
     @staticmethod
     def prefix_args(inputs: ModelInputs) -> tuple:
@@ -92,19 +134,15 @@ class CompiledSample:
                 dense(inputs.token_mask), dense(inputs.state))
 
 
-def aot_compile(module: nn.Module, args: tuple, device: torch.device) -> Callable:
+def aot_compile(module: nn.Module, args: tuple, package_path: Path) -> None:
     """
-    Export ``module`` for ``args`` (static shapes), compile it with AOTInductor and load it.
+    Export ``module`` for ``args`` (static shapes) and compile it with AOTInductor into ``package_path``.
 
     Refuses a program that writes any of its inputs or buffers: the prefix it
-    reads must stay read-only. The package is written to a temporary folder
-    that is gone once the library is loaded.
+    reads must stay read-only.
     """
     program = torch.export.export(module, args, strict=False).run_decompositions()   # functional: writes listed
     signature = program.graph_signature
     if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
         raise RuntimeError(f"{type(module).__name__} writes its inputs or buffers; refusing to compile it")
-    with tempfile.TemporaryDirectory(prefix="vla_policy_aoti_") as folder:
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(folder) / "program.pt2"))
-        index = device.index if device.type == "cuda" and device.index is not None else -1
-        return torch._inductor.aoti_load_package(path, device_index=index)
+    torch._inductor.aoti_compile_and_package(program, package_path=str(package_path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -194,11 +195,12 @@ def init_weights(model: nn.Module, generator: torch.Generator) -> None:
 
 def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int = 6, action_dim: int = 6,
                       chunk_size: int = 16, num_steps: int = 5, device: str = "cpu", dtype: str = "float32",
-                      seed: int = 0, attention_backend: str = "sdpa") -> Policy:
+                      seed: int = 0, attention_backend: str = "sdpa", padding: str = "max_length") -> Policy:
     """Build the random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
     if not camera_names:
         raise ValueError("the tiny policy needs at least one camera")
-    cfg = tiny_smolvla_config(camera_names, state_dim, action_dim, chunk_size, num_steps)
+    cfg = dataclasses.replace(tiny_smolvla_config(camera_names, state_dim, action_dim, chunk_size, num_steps),
+                              pad_language_to=padding)
     model = smolvla.SmolVLA(cfg, attention_backend)
     init_weights(model, torch.Generator().manual_seed(seed))
     identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}

@@ -11,6 +11,7 @@ from torch import nn
 
 from .blocks import fuse_projections, pack_linears
 from .chunking import RTCGuidance
+from .compiled import prompt_buckets, with_prompt_length
 from .flow import VelocityFn
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
@@ -56,6 +57,9 @@ class Policy:
         self.device = device
         self.dtype = next(model.parameters()).dtype
         self.runtime = PolicyRuntime(model, num_steps, device)
+        if preprocessor.padding == "longest":             # compiled code serves a few prompt lengths
+            self.runtime.prompt_lengths = prompt_buckets(preprocessor.max_length)
+        self.compile_report = ""                          # what the warm-up decided about compiled code
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     camera_names = property(lambda self: self.preprocessor.camera_names)
@@ -105,18 +109,45 @@ class Policy:
         """Episode boundary: drop the prefix cache."""
         self.runtime.reset()
 
-    def warmup(self, observation: Mapping, iterations: int = 2) -> None:
+    def warmup(self, observation: Mapping, iterations: int = 2, race_rounds: int = 3) -> None:
         """
         Run inference on a representative observation before the node reports ready.
 
         The first calls pay for allocator growth, kernel selection and (on CUDA) graph
         capture; they are not control steps, so the counters and latencies start afresh.
+        With compilation on, every compiled prompt length is compiled (or loaded from the
+        cache) here, then compiled and eager chunks alternate ``race_rounds`` times: where
+        compiled code is slower it is switched off, and ``compile_report`` says why.
         """
+        runtime = self.runtime
+        if runtime.torch_compile:
+            inputs = self.preprocessor(observation).to(self.device, self.dtype)
+            noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
+                                generator=self.generator)
+            for length in runtime.prompt_lengths:
+                runtime.sample(with_prompt_length(inputs, length), noise)
         for _ in range(iterations):
             self.predict_action_chunk(observation)
-        self.runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
-        self.runtime.cache.reset()
+        runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
+        if runtime.torch_compile and race_rounds > 0:
+            self._race(observation, race_rounds)
+        runtime.cache.reset()
         self.stats.clear()
+
+    def _race(self, observation: Mapping, rounds: int) -> None:
+        """Time compiled against eager chunks, alternating; keep compiled code only where it is not slower."""
+        runtime, times = self.runtime, {True: [], False: []}
+        for _ in range(rounds):
+            for compiled in (True, False):
+                runtime.torch_compile = compiled
+                t0 = time.perf_counter()
+                self.predict_action_chunk(observation)
+                times[compiled].append(time.perf_counter() - t0)
+        fast, slow = (float(np.median(times[c])) * 1e3 for c in (True, False))
+        runtime.torch_compile = fast <= slow
+        self.compile_report = (f"compiled {fast:.2f} ms vs eager {slow:.2f} ms per chunk (median of {rounds}, "
+                               f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
+                                                                else "compiled code refused, running eager"))
 
     def dummy_observation(self) -> dict:
         """Build a valid observation of this policy's shapes (grey frames, zero state)."""

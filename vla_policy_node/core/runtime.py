@@ -8,6 +8,7 @@ never looks inside them, so every family gets the same prefix-once guarantee.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,9 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .compiled import CompiledSample, input_signature
+from .compiled import CompiledSample, input_signature, with_prompt_length
 from .flow import VelocityFn, euler_integrate, euler_schedule
 from .prefix_cache import PrefixContext, VLAPrefixCache
+from .program_cache import ProgramCache, device_kind, source_digest, tensors_digest
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
@@ -88,6 +90,9 @@ class PolicyRuntime:
         self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
         self.compile_new_signatures = True      # False after the warm-up: a new input shape runs eager
         self._compiled: dict[tuple, CompiledSample] = {}
+        self.program_cache: Optional[ProgramCache] = None   # None: the user's cache folder, at the first compile
+        self.prompt_lengths: tuple[int, ...] = ()   # compiled prompt lengths ('longest' padding pads up to one)
+        self._program_key: Optional[dict] = None
 
     @property
     def compiled_signatures(self) -> tuple[tuple, ...]:
@@ -132,6 +137,7 @@ class PolicyRuntime:
         if guide is None and self.cuda_graphs_active:
             return self._sample_graphed(inputs, noise)
         if guide is None and self.torch_compile:
+            inputs = self.bucketed(inputs)
             key = input_signature(inputs, noise)
             if key in self._compiled or self.compile_new_signatures:
                 return self._sample_compiled(inputs, noise, key)
@@ -147,6 +153,27 @@ class PolicyRuntime:
             self.stats.record("denoise", time.perf_counter() - t0)
         self.stats.control_steps += 1
         return actions
+
+    def bucketed(self, inputs: ModelInputs) -> ModelInputs:
+        """Pad the prompt (mask false) to the smallest of ``prompt_lengths`` that holds it; others unchanged."""
+        length = inputs.tokens.shape[1]
+        fits = [n for n in self.prompt_lengths if n >= length]
+        return with_prompt_length(inputs, fits[0]) if fits and fits[0] != length else inputs
+
+    def program_key(self) -> dict:
+        """Return what every compiled program of this runtime is built from, but its inputs (computed once)."""
+        if self._program_key is None:
+            model = self.model
+            self._program_key = {
+                "torch": torch.__version__, "device": device_kind(self.device), "source": source_digest(),
+                "model": type(model).__qualname__,
+                "structure": _text_digest(repr(model)),
+                "config": _text_digest(repr(getattr(model, "config", None))),
+                "backend": str(getattr(model, "backend", None)),
+                "weights": tensors_digest([*model.named_parameters(), *model.named_buffers()]),
+                "schedule": tensors_digest([("dt", self.dt), *((f"t{i}", t) for i, t in enumerate(self.time_cond))]),
+                "num_steps": self.num_steps}
+        return self._program_key
 
     def sample_naive(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
         """Sample by the reference path that recomputes the prefix at every denoising step (benchmarks, tests)."""
@@ -179,8 +206,12 @@ class PolicyRuntime:
         noise = noise.to(self.device, torch.float32).contiguous()
         with torch.no_grad():
             if key not in self._compiled:
+                if self.program_cache is None:
+                    self.program_cache = ProgramCache()
+                # The generated kernels fix their OpenMP thread count at compile time.
+                program_key = {**self.program_key(), "threads": torch.get_num_threads()}
                 self._compiled[key] = CompiledSample(self.model, self.time_cond, self.dt, self.num_steps,
-                                                     inputs, noise, self.device)
+                                                     inputs, noise, self.device, self.program_cache, program_key)
             compiled = self._compiled[key]
             t0 = time.perf_counter()
             self.cache.reset()
@@ -213,6 +244,10 @@ class PolicyRuntime:
         want = (batch, self.model.chunk_size, self.model.max_action_dim)
         if tuple(noise.shape) != want:
             raise ValueError(f"noise must have shape {want}, got {tuple(noise.shape)}")
+
+
+def _text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class CudaGraphSample:

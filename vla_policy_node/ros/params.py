@@ -117,8 +117,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               '(torch.export + AOTInductor) during the warm-up, before the node reports ready. '
               'Pays off on the CPU for small models; needs a C++ compiler and Python headers (on CUDA, '
               'cuda_graphs wins) and '
-              'max_length prompt padding; off with chunking.blend rtc (guided sampling is eager). '
-              'Falls back to eager, with a warning, when compiling fails.'),
+              'off with chunking.blend rtc (guided sampling is eager). Kept only where the warm-up '
+              'measures it at least as fast as eager. Falls back to eager, with a warning, when '
+              'compiling fails.'),
+    ParamSpec('compile_cache_dir', '', 'Folder of the compiled programs kept across starts '
+              '(with compile); empty: $VLA_POLICY_NODE_CACHE_DIR, else '
+              '$XDG_CACHE_HOME/vla_policy_node, else ~/.cache/vla_policy_node.'),
     ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
               bounds=(0, 256)),
     ParamSpec('tiny_model.chunk_size', 16, 'Actions per chunk of the tiny random model.',
@@ -263,6 +267,7 @@ class NodeSettings:
     dtype: str
     cuda_graphs: bool
     torch_compile: bool
+    compile_cache_dir: str
     num_threads: int
     tiny_chunk_size: int
     tiny_num_steps: int
@@ -390,6 +395,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         dtype=values['dtype'],
         cuda_graphs=values['cuda_graphs'],
         torch_compile=values['compile'],
+        compile_cache_dir=values['compile_cache_dir'],
         num_threads=values['num_threads'],
         tiny_chunk_size=values['tiny_model.chunk_size'],
         tiny_num_steps=values['tiny_model.num_steps'],

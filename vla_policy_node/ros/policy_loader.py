@@ -10,11 +10,13 @@ a GPU machine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from vla_policy_node.core.policy import resolve_device
+from vla_policy_node.core.program_cache import ProgramCache
 from vla_policy_node.models import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import NodeSettings
 
@@ -77,17 +79,19 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     policy.runtime.cuda_graphs = settings.cuda_graphs and policy.preprocessor.padding == 'max_length'
     if settings.cuda_graphs and not policy.runtime.cuda_graphs and torch_device.type == 'cuda':
         warn("cuda_graphs is off: the checkpoint pads prompts to the longest, not to max_length")
-    # Compiled code is specialised to the input shapes, so it needs fixed-length prompts too;
-    # guided (rtc) sampling needs autograd and always runs eager, so compiling would buy nothing.
+    # Compiled code is specialised to the input shapes: 'longest' padding is served by a few
+    # prompt lengths, all compiled (or loaded from the cache) in the warm-up. Guided (rtc)
+    # sampling needs autograd and always runs eager, so compiling would buy nothing.
     runtime = policy.runtime
-    if settings.torch_compile and policy.preprocessor.padding != 'max_length':
-        warn("compile is off: the checkpoint pads prompts to the longest, not to max_length")
-    elif settings.torch_compile and settings.chunking.blend == 'rtc':
+    if settings.torch_compile and settings.chunking.blend == 'rtc':
         warn("compile is off: with chunking.blend 'rtc' every chunk but an episode's first is guided (eager)")
     elif settings.torch_compile and runtime.cuda_graphs_active:
         warn('compile is ignored: on CUDA, cuda_graphs captures the prefix pass and the loop')
     else:
         runtime.torch_compile = settings.torch_compile
+        if settings.torch_compile:
+            runtime.program_cache = ProgramCache(
+                Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
     try:
         policy.warmup(policy.dummy_observation())
     except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
@@ -97,5 +101,11 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
         warn(f'compile failed, running eager: {type(error).__name__}: {reason}')
         runtime.torch_compile = False
         policy.warmup(policy.dummy_observation())
+    if runtime.program_cache is not None:
+        cache = runtime.program_cache
+        info(f'compile cache {cache.root}: {cache.stats.loaded} programs loaded, {cache.stats.built} compiled '
+             f'({cache.stats.rebuilt} entries found corrupt or foreign and rebuilt)')
+    if policy.compile_report:
+        (info if runtime.torch_compile else warn)(policy.compile_report)
     info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else ''))
     return policy

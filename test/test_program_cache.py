@@ -1,0 +1,166 @@
+"""The on-disk cache of compiled programs: reused on a second start, bad entries rebuilt, no temp files."""
+
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from vla_policy_node.core.compiled import aot_compile, prompt_buckets, with_prompt_length
+from vla_policy_node.core.program_cache import default_cache_dir, MANIFEST, ProgramCache
+from vla_policy_node.core.types import ModelInputs
+from vla_policy_node.models import build_tiny_policy
+
+CPU = torch.device("cpu")
+
+
+class Small(torch.nn.Module):
+    """A program that compiles in seconds: the cache logic does not depend on its size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x, pair):
+        return {"y": torch.tanh(self.linear(x)), "sum": pair[0] + pair[1]}
+
+
+ARGS = (torch.randn(2, 8), (torch.ones(3), torch.full((3,), 2.0)))
+KEY = {"program": "small", "weights": "w0"}
+
+
+def build(path: Path) -> None:
+    with torch.no_grad():
+        aot_compile(Small().eval(), ARGS, path)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Build a cache folder holding the one entry of ``KEY``, once for the module."""
+    root = tmp_path_factory.mktemp("programs")
+    torch.manual_seed(0)
+    cache = ProgramCache(root)
+    program = cache.load_or_build(KEY, build, CPU)
+    assert (cache.stats.built, cache.stats.loaded) == (1, 0)
+    out = program(*ARGS)
+    assert set(out) == {"y", "sum"} and torch.equal(out["sum"], torch.full((3,), 3.0))
+    return root, out
+
+
+def test_a_second_start_loads_instead_of_compiling(store):
+    root, first = store
+    cache = ProgramCache(root)            # a new process sees only the folder
+    program = cache.load_or_build(KEY, lambda path: pytest.fail("compiled again"), CPU)
+    assert (cache.stats.loaded, cache.stats.built, cache.stats.rebuilt) == (1, 0, 0)
+    out = program(*ARGS)
+    assert torch.equal(out["y"], first["y"]) and torch.equal(out["sum"], first["sum"])
+
+
+def tamper(entry: Path) -> None:
+    library = entry / "program.so"
+    data = bytearray(library.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    library.write_bytes(bytes(data))
+
+
+def foreign(entry: Path) -> None:
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["key"]["weights"] = "other weights"
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+
+
+def no_manifest(entry: Path) -> None:
+    (entry / MANIFEST).unlink()
+
+
+@pytest.mark.parametrize("damage", [tamper, foreign, no_manifest])
+def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damage):
+    root, first = store
+    copy = tmp_path / "cache"
+    subprocess.run(["cp", "-r", str(root), str(copy)], check=True)
+    cache = ProgramCache(copy)
+    damage(cache.entry(KEY))
+    built = []
+
+    def rebuild(path: Path) -> None:
+        built.append(path)
+        build(path)
+    out = cache.load_or_build(KEY, rebuild, CPU)(*ARGS)
+    assert len(built) == 1 and (cache.stats.rebuilt, cache.stats.built, cache.stats.loaded) == (1, 1, 0)
+    assert torch.equal(out["sum"], first["sum"]) and out["y"].shape == first["y"].shape
+    again = ProgramCache(copy)
+    again.load_or_build(KEY, lambda path: pytest.fail("the rebuilt entry was not kept"), CPU)
+    assert again.stats.loaded == 1
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("VLA_POLICY_NODE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "vla_policy_node"
+    monkeypatch.setenv("VLA_POLICY_NODE_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+
+
+def test_compiling_and_loading_leave_nothing_in_the_temp_folder(tmp_path):
+    """A fresh process compiles, a second one loads; the temp folder both used stays empty."""
+    temp, cache = tmp_path / "temp", tmp_path / "cache"
+    temp.mkdir()
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_program_cache import ARGS, KEY, build
+        from vla_policy_node.core.program_cache import ProgramCache
+        cache = ProgramCache({str(cache)!r})
+        cache.load_or_build(KEY, build, torch.device("cpu"))(*ARGS)
+        print(cache.stats.built, cache.stats.loaded)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(sys.path))
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "1"]]
+    assert sorted(os.listdir(temp)) == []
+    assert (cache / "inductor").is_dir()         # the compiler's own cache went to the cache folder
+
+
+def test_prompt_buckets_cover_every_length():
+    assert prompt_buckets(48) == (16, 24, 48)
+    assert prompt_buckets(200) == (56, 104, 200)
+    assert prompt_buckets(5) == (5,)
+    with pytest.raises(ValueError, match="max_length"):
+        prompt_buckets(0)
+    inputs = ModelInputs([torch.zeros(1, 3, 4, 4)], [torch.ones(1, dtype=torch.bool)],
+                         torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool), None)
+    padded = with_prompt_length(inputs, 8)
+    assert padded.tokens.tolist() == [[5, 6, 7, 0, 0, 0, 0, 0]]
+    assert padded.token_mask.tolist() == [[True] * 3 + [False] * 5]
+
+
+def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
+    """Never slower than eager: compiled code measured slower in the warm-up is refused, with the reason."""
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
+    runtime = policy.runtime
+    eager = runtime.sample
+
+    def slow_compiled(inputs, noise, guide=None):
+        compiled, runtime.torch_compile = runtime.torch_compile, False
+        try:
+            if compiled:
+                time.sleep(0.05)           # stands in for compiled code that loses to eager
+            return eager(inputs, noise, guide)
+        finally:
+            runtime.torch_compile = compiled
+    monkeypatch.setattr(runtime, "sample", slow_compiled)
+    runtime.torch_compile = True
+    policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
+    assert runtime.torch_compile is False
+    assert "refused" in policy.compile_report and "eager" in policy.compile_report
+    assert np.isfinite(policy.predict_action_chunk(policy.dummy_observation())).all()

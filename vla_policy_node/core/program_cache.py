@@ -1,0 +1,235 @@
+"""
+On-disk cache of ahead-of-time compiled programs, so that a restart loads instead of compiling.
+
+An entry is a folder named by the digest of its key: what the program was built from
+(weights, model structure, schedule, this package's source), the input signature, the
+torch version and the CPU/GPU kind. Its ``manifest.json`` repeats the whole key and the
+SHA-256 of every file. An entry whose manifest is missing, unreadable, written for
+another key (a foreign entry), or whose files do not hash to the manifest (a corrupt or
+tampered one) is deleted and rebuilt, never loaded. Entries are built in a staging folder
+inside the cache and renamed into place, so a crash leaves no half-written entry.
+
+On the CPU the entry holds the compiled shared library itself, which is loaded where it
+lies: nothing is unpacked into the system temp folder. The compiler's own caches
+(``TORCHINDUCTOR_CACHE_DIR``) are pointed into the cache folder too, unless the user set
+them elsewhere; so a run leaves nothing under the system temp folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+ENV_DIR = "VLA_POLICY_NODE_CACHE_DIR"
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$VLA_POLICY_NODE_CACHE_DIR``, else ``$XDG_CACHE_HOME/vla_policy_node``, else ``~/.cache/vla_policy_node``."""
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "vla_policy_node"
+
+
+def device_kind(device: torch.device) -> str:
+    """Describe what compiled code is specific to: the GPU model and capability, or the CPU model and ISA flags."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda {torch.cuda.get_device_name(device)} sm_{major}{minor} cuda {torch.version.cuda}"
+    model, flags = platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and model == platform.machine():
+                model = value
+            elif key == "flags":
+                flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:16]
+                break
+    except OSError:
+        pass
+    return f"cpu {platform.machine()} {model} flags {flags}"
+
+
+def source_digest() -> str:
+    """SHA-256 over this package's core sources: compiled programs are traced from this code."""
+    h = hashlib.sha256()
+    core = Path(__file__).resolve().parent
+    for path in sorted(core.rglob("*.py")):
+        h.update(str(path.relative_to(core)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def tensors_digest(named: Iterable[tuple[str, Tensor]]) -> str:
+    """SHA-256 over names, shapes, dtypes and bytes of tensors (the weights a program has built in)."""
+    h = hashlib.sha256()
+    for name, t in named:
+        t = t.detach()
+        h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.numel():
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+class LoadedProgram:
+    """A compiled shared library called like the module it was exported from (flat tensors in, pytree out)."""
+
+    def __init__(self, runner: object) -> None:
+        self.runner = runner
+        _, out_spec = runner.get_call_spec()              # (input spec, output spec)
+        self.out_spec = pytree.treespec_loads(out_spec)     # decoded once, not at every call
+
+    def __call__(self, *args: object) -> object:
+        flat = [x for x in pytree.tree_leaves(args) if isinstance(x, Tensor)]
+        return pytree.tree_unflatten(self.runner.run(flat), self.out_spec)
+
+
+def point_compiler_caches_at(root: Path) -> None:
+    """
+    Keep inductor's caches in ``root`` instead of the system temp folder, unless the user chose a folder.
+
+    Inductor's precompiled headers ignore ``TORCHINDUCTOR_CACHE_DIR`` (a module constant
+    fixed at import under the temp folder), so they are redirected too.
+    """
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    temp = Path(tempfile.gettempdir()).resolve()
+    if current is not None and not Path(current).resolve().is_relative_to(temp):
+        return
+    folder = root.resolve() / "inductor"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    from torch._inductor import codecache
+    from torch._inductor.utils import clear_caches
+    clear_caches()
+    if Path(getattr(codecache, "_HEADER_DIR", folder)).resolve().is_relative_to(temp):
+        codecache._HEADER_DIR = str(folder / "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = str(folder / "precompiled_headers" / "locks")
+
+
+@dataclass
+class CacheStats:
+    """What the cache did in this process: the node logs it, the tests assert it."""
+
+    loaded: int = 0       # entries loaded from disk (no compilation)
+    built: int = 0        # programs compiled (absent entries, and rebuilt ones)
+    rebuilt: int = 0      # entries found corrupt or foreign, deleted and rebuilt
+
+
+class ProgramCache:
+    """Compiled programs on disk under ``root``, keyed by what they were built from."""
+
+    def __init__(self, root: Optional[Path] = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.stats = CacheStats()
+
+    def entry(self, key: dict) -> Path:
+        return self.root / "programs" / key_digest(key)[:32]
+
+    def load_or_build(self, key: dict, build: Callable[[Path], None], device: torch.device) -> Callable:
+        """
+        Load the program of ``key``, or build it with ``build(package_path)`` and store it.
+
+        ``build`` writes an AOTInductor package (``.pt2``) to the path it is given.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        folder = self.entry(key)
+        if folder.exists():
+            problem = self._verify(folder, key)
+            if problem is None:
+                try:
+                    program = self._load(folder, device)
+                    self.stats.loaded += 1
+                    log.info("compiled program loaded from %s", folder)
+                    return program
+                except RuntimeError as error:        # a library that verifies but does not load (ABI)
+                    problem = f"it does not load: {error}"
+            log.warning("compile cache entry %s rebuilt: %s", folder, problem)
+            shutil.rmtree(folder, ignore_errors=True)
+            self.stats.rebuilt += 1
+        self._build(folder, key, build, device)
+        self.stats.built += 1
+        return self._load(folder, device)
+
+    def _build(self, folder: Path, key: dict, build: Callable[[Path], None], device: torch.device) -> None:
+        point_compiler_caches_at(self.root)           # only here: loading needs no compiler (nor its import)
+        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
+        try:
+            package = staging / "program.pt2"
+            build(package)
+            if device.type == "cpu":              # keep the library alone: loaded where it lies
+                with zipfile.ZipFile(package) as archive:
+                    libraries = [n for n in archive.namelist() if n.endswith(".so")]
+                    if len(libraries) != 1:
+                        raise RuntimeError(f"expected one shared library in the package, found {libraries}")
+                    with archive.open(libraries[0]) as src, open(staging / "program.so", "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                package.unlink()
+            files = {p.name: file_digest(p) for p in sorted(staging.iterdir())}
+            manifest = {"format": FORMAT, "key": key, "files": files}
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(staging, folder)
+            except OSError:                       # another process stored it first: keep theirs
+                if self._verify(folder, key) is not None:
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    @staticmethod
+    def _verify(folder: Path, key: dict) -> Optional[str]:
+        """Return why the entry must not be loaded, or None."""
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except (OSError, ValueError) as error:
+            return f"no readable manifest ({error})"
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return "manifest of another format"
+        if manifest.get("key") != json.loads(json.dumps(key)):
+            return "foreign entry: its manifest was written for another key"
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not files:
+            return "manifest lists no files"
+        present = {p.name for p in folder.iterdir()} - {MANIFEST}
+        if present != set(files):
+            return f"files {sorted(present)} differ from the manifest's {sorted(files)}"
+        for name, digest in files.items():
+            if file_digest(folder / name) != digest:
+                return f"{name} does not match its SHA-256 in the manifest (corrupt or tampered)"
+        return None
+
+    @staticmethod
+    def _load(folder: Path, device: torch.device) -> Callable:
+        if (folder / "program.so").exists():
+            return LoadedProgram(torch._C._aoti.AOTIModelContainerRunnerCpu(str(folder / "program.so"), 1))
+        index = device.index if device.type == "cuda" and device.index is not None else -1
+        return torch._inductor.aoti_load_package(str(folder / "program.pt2"), device_index=index)
