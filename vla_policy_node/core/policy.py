@@ -61,7 +61,8 @@ def stack_observations(observations: Sequence[Mapping]) -> dict:
     states = [np.asarray(observation.get("state"), dtype=np.float32) for observation in observations]
     if len({state.shape for state in states}) != 1:
         raise ValueError(f"states of different shapes {sorted({s.shape for s in states})} cannot share a batch")
-    return {"images": images, "state": np.stack(states), "task": [observation.get("task") for observation in observations]}
+    tasks = [observation.get("task") for observation in observations]
+    return {"images": images, "state": np.stack(states), "task": tasks}
 
 
 class Policy:

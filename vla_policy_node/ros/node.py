@@ -271,9 +271,10 @@ class VlaPolicyNode(Node):
         """Take a consistent snapshot of the loop's and the policy's counters and health."""
         policy = self._worker.stats
         loop = self._loop.status(self._now(), self._settings.diagnostics_period)
+        device = 'remote' if self._policy is None else str(self._policy.device)
         return diagnostics.NodeStatus(
             state=loop.state, level=loop.level, model=self._model_description(),
-            device='remote' if self._policy is None else str(self._policy.device), counters={**policy['counters'], **loop.counters},
+            device=device, counters={**policy['counters'], **loop.counters},
             latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
             max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
 

@@ -66,7 +66,7 @@ class ChunkAnswer:
 
 
 def topic(server: str, name: str) -> str:
-    """Return the server's ``name`` topic (``/vla_policy_server`` + ``requests`` ...)."""
+    """Join the server's node name and a topic name: ``/vla_policy_server/requests``."""
     return f"{server.rstrip('/')}/{name}"
 
 
