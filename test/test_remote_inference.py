@@ -122,6 +122,9 @@ def link(request):
     yield server, robot
     robot.remote.stop(1.0)
     executor.shutdown(timeout_sec=1.0)
+    spinner.join(2.0)
+    robot.node.destroy_node()
+    server.node.destroy_node()
     rclpy.try_shutdown(context=context)
 
 

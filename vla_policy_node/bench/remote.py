@@ -189,7 +189,8 @@ def local(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
 
 
 # ---------------------------------------------------------------------- per-batch cost
-def batch_cost(config: str, sizes: list[int], iters: int, threads: int) -> list[dict]:
+def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: str = 'cpu',
+               dtype: str = 'float32') -> list[dict]:
     """Time one batched prefix pass + denoising loop per batch size, in this process."""
     import torch
 
@@ -198,12 +199,12 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int) -> list[
     torch.set_num_threads(threads)
     if config == 'tiny':
         policy = build_tiny_policy(camera_names=tuple(f'observation.images.{c}' for c in CAMERAS),
-                                   chunk_size=50, num_steps=10)
+                                   chunk_size=50, num_steps=10, device=device, dtype=dtype)
     else:
         from vla_policy_node.bench.checkpoints import save_random_checkpoint
         folder = save_random_checkpoint(Path(tempfile.mkdtemp(prefix='vla-bench-batch-')) / 'ckpt',
-                                        config, len(CAMERAS))
-        policy = load_policy(str(folder), device='cpu', dtype='float32')
+                                        config, len(CAMERAS), dtype=dtype)
+        policy = load_policy(str(folder), device=device, dtype=dtype)
     h, w = policy.preprocessor.image_size
     names = [c.split('.')[-1] for c in policy.camera_names]
     rows = []
@@ -221,8 +222,8 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int) -> list[
             policy.predict_action_chunks(batch, [None] * size)
             times.append(time.perf_counter() - t0)
         median = float(np.median(times))
-        rows.append({'batch': size, 'median_ms': median * 1e3, 'per_robot_ms': median * 1e3 / size,
-                     'iters': iters})
+        rows.append({'batch': size, 'device': str(policy.device), 'median_ms': median * 1e3,
+                     'per_robot_ms': median * 1e3 / size, 'iters': iters})
         print(f'{config} batch {size}: {rows[-1]}', file=sys.stderr)
     return rows
 
@@ -238,10 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--domain-id', type=int, default=int(os.environ.get('ROS_DOMAIN_ID', '97')))
     parser.add_argument('--batch-cost', choices=('tiny', 'smolvla'))
     parser.add_argument('--iters', type=int, default=3)
+    parser.add_argument('--device', default='cpu', help='--batch-cost only: cpu, cuda, cuda:N')
+    parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
+                        help='--batch-cost only')
     parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
     if args.batch_cost:
-        result = {'batch_cost': batch_cost(args.batch_cost, args.robots, args.iters, args.threads)}
+        rows = batch_cost(args.batch_cost, args.robots, args.iters, args.threads, args.device,
+                          args.dtype)
+        result = {'batch_cost': rows}
     else:
         frame = tuple(args.frame)
         result = {'served': serve(args.robots, args.seconds, args.threads, frame, args.domain_id,
