@@ -32,6 +32,7 @@ setup(
     entry_points={
         'console_scripts': [
             f'vla_policy_node = {PACKAGE}.ros.entry:main',
+            f'vla_policy_server = {PACKAGE}.ros.entry:server_main',
             f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
             'vla-policy-bench = vla_policy_node.bench.cli:main',
             'vla-policy-replay = vla_policy_node.bench.replay:main',

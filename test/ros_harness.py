@@ -56,8 +56,8 @@ class NodeProcess:
 
     def __init__(self, params_files: list[Path], domain_id: int,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 random_weights: bool = True) -> None:
-        args = [str(installed_executable()), '--ros-args']
+                 random_weights: bool = True, command: tuple[str, ...] | None = None) -> None:
+        args = list(command or (str(installed_executable()),)) + ['--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
         args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)
@@ -100,6 +100,11 @@ class NodeProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5.0)
+
+
+# The policy server, started from the code under test (the console script may predate it).
+SERVER_COMMAND = (sys.executable, '-c',
+                  'from vla_policy_node.ros.entry import server_main; raise SystemExit(server_main())')
 
 
 @contextmanager

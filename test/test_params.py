@@ -63,6 +63,18 @@ def test_rtc_guidance_reaches_the_chunking_settings():
     assert lerobot.chunking.rtc_guidance == 'lerobot'
 
 
+def test_remote_inference_needs_a_horizon_and_a_server_name_but_no_checkpoint():
+    remote = {**flatten(DEFAULTS), 'inference': 'remote'}      # random weights not allowed here
+    with pytest.raises(ParameterError, match="inference 'remote' needs chunking.horizon > 0"):
+        settings_from_values(remote)
+    settings = settings_from_values({**remote, 'chunking.horizon': 50})
+    assert (settings.inference, settings.remote_server) == ('remote', '/vla_policy_server')
+    with pytest.raises(ParameterError, match="'remote.server' = 'server' must be a fully qualified"):
+        settings_from_values({**remote, 'chunking.horizon': 50, 'remote.server': 'server'})
+    with pytest.raises(ParameterError, match='inference'):
+        settings_from_values({**VALUES, 'inference': 'cloud'})
+
+
 def test_default_yaml_is_valid():
     settings = settings_from_values(VALUES)
     assert settings.joint_names == tuple(DEFAULTS['joint_names'])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from .compiled import prompt_buckets, with_prompt_length
 from .flow import VelocityFn
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
-from .rtc import rtc_guided_velocity
+from .rtc import batch_rtc_guide, rtc_guided_velocity
 from .runtime import PolicyRuntime
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,6 +39,31 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
+
+
+def stack_observations(observations: Sequence[Mapping]) -> dict:
+    """
+    Stack single observations into one batch: images (B, H, W, 3) per camera, state (B, D), tasks.
+
+    Raises ValueError when they do not give the same cameras with frames of one size.
+    """
+    cameras = set(observations[0].get("images") or {})
+    for index, observation in enumerate(observations):
+        if set(observation.get("images") or {}) != cameras:
+            raise ValueError(f"observation {index} has cameras {sorted(observation.get('images') or {})}, "
+                             f"the first {sorted(cameras)}: a batch needs the same cameras")
+    images = {}
+    for name in sorted(cameras):
+        frames = [np.asarray(observation["images"][name]) for observation in observations]
+        if len({frame.shape for frame in frames}) != 1:
+            raise ValueError(f"camera {name!r}: frames of different shapes {sorted({f.shape for f in frames})} "
+                             "cannot share a batch")
+        images[name] = np.stack(frames)
+    states = [np.asarray(observation.get("state"), dtype=np.float32) for observation in observations]
+    if len({state.shape for state in states}) != 1:
+        raise ValueError(f"states of different shapes {sorted({s.shape for s in states})} cannot share a batch")
+    tasks = [observation.get("task") for observation in observations]
+    return {"images": images, "state": np.stack(states), "task": tasks}
 
 
 class Policy:
@@ -77,6 +102,10 @@ class Policy:
         ``rtc`` (real-time chunking) guides the first actions toward the committed
         ones, given in robot units like the output; the prefix is still encoded once.
         """
+        return self._predict(observation, noise, None if rtc is None else self._rtc_guide(rtc))
+
+    def _predict(self, observation: Mapping, noise: Optional[np.ndarray],
+                 guide: Optional[Callable[[VelocityFn], VelocityFn]]) -> np.ndarray:
         t0 = time.perf_counter()
         inputs = self.preprocessor(observation).to(self.device, self.dtype)
         b = inputs.batch_size
@@ -89,7 +118,7 @@ class Policy:
                 raise ValueError(f"noise must have shape {shape}, got {tuple(x1.shape)}")
         t1 = time.perf_counter()
         self.stats.record("preprocess", t1 - t0)
-        actions = self.runtime.sample(inputs, x1, None if rtc is None else self._rtc_guide(rtc))
+        actions = self.runtime.sample(inputs, x1, guide)
         t2 = time.perf_counter()
         out = self.action_normalizer.unnormalize(actions[..., :self.action_dim].float().cpu().numpy())
         t3 = time.perf_counter()
@@ -97,11 +126,42 @@ class Policy:
         self.stats.record("total", t3 - t0)
         return out
 
-    def _rtc_guide(self, rtc: RTCGuidance) -> Callable[[VelocityFn], VelocityFn]:
+    def predict_action_chunks(self, observations: Sequence[Mapping], rtcs: Sequence[Optional[RTCGuidance]],
+                              noise: Optional[np.ndarray] = None) -> np.ndarray:
+        """
+        Several robots' observations -> their chunks (B, chunk_size, action_dim) in one pass.
+
+        One prefix pass over all B observations, one denoising loop; each may have its own
+        instruction and its own real-time chunking guidance (or none). Item ``b`` equals
+        ``predict_action_chunk(observations[b], noise[b:b+1], rtcs[b])[0]`` up to float rounding.
+        Every observation must give the same cameras with frames of one size (ValueError otherwise).
+        """
+        if len(observations) == 0 or len(rtcs) != len(observations):
+            raise ValueError(f"need one rtc entry (or None) per observation, got {len(rtcs)} for "
+                             f"{len(observations)} observations")
+        stacked = stack_observations(observations)
+        if all(rtc is None for rtc in rtcs):
+            return self.predict_action_chunk(stacked, noise)
+        prefixes = [None if rtc is None else self._normalized_prefix(rtc) for rtc in rtcs]
+        model = self.model
+
+        def guide(velocity: VelocityFn) -> VelocityFn:
+            return batch_rtc_guide(
+                velocity, prefixes, [0 if r is None else r.delay_steps for r in rtcs],
+                [1.0 if r is None else r.max_guidance_weight for r in rtcs],
+                ["paper" if r is None else r.guidance for r in rtcs],
+                model.chunk_size, model.max_action_dim, self.num_steps)
+        return self._predict(stacked, noise, guide)
+
+    def _normalized_prefix(self, rtc: RTCGuidance) -> np.ndarray:
+        """Check the committed actions (K, action_dim) and map them to the model's action space."""
         prefix = np.asarray(rtc.prefix, dtype=np.float32)
         if prefix.ndim != 2 or prefix.shape[1] != self.action_dim or prefix.shape[0] > self.chunk_size:
             raise ValueError(f"RTC prefix must be (K <= {self.chunk_size}, {self.action_dim}), got {prefix.shape}")
-        normalized = self.action_normalizer.normalize(prefix)      # the model's action space
+        return self.action_normalizer.normalize(prefix)
+
+    def _rtc_guide(self, rtc: RTCGuidance) -> Callable[[VelocityFn], VelocityFn]:
+        normalized = self._normalized_prefix(rtc)
         return lambda velocity: rtc_guided_velocity(velocity, normalized, rtc.delay_steps, self.num_steps,
                                                     rtc.max_guidance_weight, rtc.guidance)
 

@@ -184,3 +184,89 @@ def rtc_guided_velocity(
         )
 
     return guided
+
+
+def batch_guided_velocity(
+    x_t: Tensor,
+    t: float,
+    velocity: Callable[[Tensor], Tensor],
+    targets: Tensor,
+    weights: Tensor,
+    betas: Tensor,
+    paper: Tensor,
+) -> Tensor:
+    """
+    RTC guidance with its own prefix, delay, clip and kind per batch item (one model call).
+
+    x_t: (B, H, A). targets: (B, H, A) committed actions, normalized, zero where unguided.
+    weights: (B, H, A) ``W`` per action and dim (0 for an item without guidance, beyond its
+    overlap, and on padded dims under ``paper``). betas: (B,) clips. paper: (B,) bool, the
+    paper's guidance (vector-Jacobian product) for True, LeRobot's for False. Each item gets
+    exactly what :func:`guided_velocity` gives it alone: the model treats items independently,
+    so one vector-Jacobian product over the batch yields every item's own.
+    """
+    scale = torch.tensor([guidance_weight(t, float(b)) for b in betas], dtype=x_t.dtype,
+                         device=x_t.device)[:, None, None]
+    if not bool(paper.any()):
+        v = velocity(x_t)
+        return v - scale * (targets - (x_t - t * v)) * weights
+    if torch.is_inference_mode_enabled() or x_t.is_inference():
+        raise RuntimeError(
+            "RTC guidance needs autograd: run denoising under torch.no_grad(), not torch.inference_mode()"
+        )
+    by_vjp = paper.to(x_t.device)[:, None, None]
+    with torch.enable_grad():
+        x = x_t.detach().requires_grad_(True)
+        v = velocity(x)
+        x0_hat = x - t * v
+        error = (targets - x0_hat.detach()) * weights
+        (jacobian_part,) = torch.autograd.grad(x0_hat, x, grad_outputs=torch.where(by_vjp, error, 0.0))
+    return (v - scale * torch.where(by_vjp, jacobian_part, error)).detach()
+
+
+def batch_rtc_guide(
+    velocity_fn: VelocityFn,
+    prefixes: list[np.ndarray | None],
+    delays: list[int],
+    betas: list[float],
+    guidances: list[str],
+    horizon: int,
+    action_dim: int,
+    num_steps: int,
+) -> VelocityFn:
+    """
+    Wrap ``velocity_fn`` so item ``b`` is guided by ``prefixes[b]`` (K_b, A_p), or not at all (None).
+
+    The batched form of :func:`rtc_guided_velocity` for a server that denoises several robots'
+    chunks in one loop; prefixes are normalized like the model's actions.
+    """
+    batch = len(prefixes)
+    if not len(delays) == len(betas) == len(guidances) == batch:
+        raise ValueError("prefixes, delays, betas and guidances must have one entry per batch item")
+    targets = np.zeros((batch, horizon, action_dim), np.float32)
+    weights = np.zeros((batch, horizon, action_dim), np.float32)
+    for b, (prefix, delay, guidance) in enumerate(zip(prefixes, delays, guidances)):
+        if guidance not in RTC_GUIDANCE:
+            raise ValueError(f"guidance must be one of {RTC_GUIDANCE}, got {guidance!r}")
+        if prefix is None or len(prefix) == 0:
+            continue
+        overlap, prefix_dim = prefix.shape
+        if prefix_dim > action_dim:
+            raise ValueError(f"prefix has {prefix_dim} action dims, the chunk only {action_dim}")
+        schedule = "exp" if guidance == "paper" else "linear"
+        dims = prefix_dim if guidance == "paper" else action_dim
+        targets[b, :overlap, :prefix_dim] = prefix
+        weights[b, :, :dims] = prefix_weights(delay, overlap, horizon, schedule)[:, None]
+    paper = torch.tensor([g == "paper" for g in guidances])
+    beta = torch.tensor(betas, dtype=torch.float64)
+    for value in betas:
+        if value <= 0:
+            raise ValueError(f"max_guidance_weight must be > 0, got {value}")
+
+    def guided(x_t: Tensor, step_index: int) -> Tensor:
+        return batch_guided_velocity(
+            x_t, 1.0 + step_index * (-1.0 / num_steps), lambda x: velocity_fn(x, step_index),
+            torch.from_numpy(targets).to(x_t.device, x_t.dtype),
+            torch.from_numpy(weights).to(x_t.device, x_t.dtype), beta, paper)
+
+    return guided

@@ -57,6 +57,7 @@ from vla_policy_node.ros.params import (
 )
 from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
 from vla_policy_node.ros.polled_input import PolledSubscription
+from vla_policy_node.ros.remote_inference import RemoteInference
 from vla_policy_node.ros.qos import (
     CAMERA_QOS,
     COMMAND_QOS,
@@ -98,8 +99,7 @@ class VlaPolicyNode(Node):
     def __init__(self, **node_options: Any) -> None:
         super().__init__(NODE_NAME, **node_options)
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
-        self._policy = make_policy(self._settings, self.get_logger().info, self.get_logger().warning)
-        self._worker = InferenceWorker(self._policy, None, self._now, self._settings.policy_deadline)
+        self._policy, self._worker = self._make_inference()
         self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
         self._compressed = {name for name, transport in zip(
             self._settings.camera_names, self._settings.camera_transports)
@@ -109,6 +109,15 @@ class VlaPolicyNode(Node):
         self._wire()
         self._worker.start()
         self.get_logger().info(f'ready: {self._model_description()}')
+
+    def _make_inference(self) -> tuple[Any, InferenceWorker | RemoteInference]:
+        """Return (the policy, its inference thread), or (None, the remote server's client)."""
+        settings = self._settings
+        if settings.inference == 'remote':
+            return None, RemoteInference(self, settings.remote_server, self._now,
+                                         settings.policy_deadline, self.get_logger().warning)
+        policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
+        return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
     def _wire(self) -> None:
         """Create publishers, the loop, services, timers and, last, the subscriptions (joy_teleop)."""
@@ -123,7 +132,8 @@ class VlaPolicyNode(Node):
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
         self._loop = ControlLoop(
-            loop_settings(settings), scheduler_config(settings, self._policy.chunk_size),
+            loop_settings(settings), scheduler_config(
+                settings, settings.chunking.horizon if self._policy is None else self._policy.chunk_size),
             joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
             on_chunk_ready=self._chunk_ready.trigger)
         self._check_command_topic()
@@ -263,13 +273,16 @@ class VlaPolicyNode(Node):
         """Take a consistent snapshot of the loop's and the policy's counters and health."""
         policy = self._worker.stats
         loop = self._loop.status(self._now(), self._settings.diagnostics_period)
+        device = 'remote' if self._policy is None else str(self._policy.device)
         return diagnostics.NodeStatus(
             state=loop.state, level=loop.level, model=self._model_description(),
-            device=str(self._policy.device), counters={**policy['counters'], **loop.counters},
+            device=device, counters={**policy['counters'], **loop.counters},
             latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
             max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
 
     def _model_description(self) -> str:
+        if self._policy is None:
+            return f'policy of the server {self._settings.remote_server}'
         if self._settings.checkpoint:
             return f'{self._policy.family} from {self._settings.checkpoint}'
         return f'{self._policy.family} model with RANDOM weights (no checkpoint)'

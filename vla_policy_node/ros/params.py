@@ -40,6 +40,7 @@ from vla_policy_node.ros.command_groups import (
 
 CAMERA_TRANSPORTS = ('raw', 'compressed')
 DTYPES = ('float32', 'bfloat16', 'float16')
+INFERENCE = ('local', 'remote')
 
 
 class ParameterError(ValueError):
@@ -101,6 +102,13 @@ def _type_name(kind: Parameter.Type) -> str:
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec('inference', 'local', 'local runs the policy in this node; remote sends chunk '
+              'requests to a vla_policy_server (remote.server) and keeps every safety decision '
+              'here. Remote needs chunking.horizon > 0; the policy parameters are then the '
+              'server\'s.', choices=INFERENCE),
+    ParamSpec('remote.server', '/vla_policy_server', 'Fully qualified name of the '
+              'vla_policy_server node for inference remote (topics <server>/requests, '
+              '<server>/chunks).'),
     ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty builds the tiny model with '
               'RANDOM weights, which starts only with allow_random_weights.'),
     ParamSpec('allow_random_weights', False, 'Let the tiny model with random weights (empty '
@@ -294,6 +302,8 @@ class NodeSettings:
     max_instruction_length: int
     limits: MotionLimits
     diagnostics_period: float
+    inference: str = 'local'
+    remote_server: str = '/vla_policy_server'
 
 
 def _check_device(device: str) -> None:
@@ -339,7 +349,15 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         if spec.bounds is not None and not spec.bounds[0] <= value <= spec.bounds[1]:
             raise ParameterError(f"parameter '{spec.name}' = {value} {spec.requirement()}")
     _check_device(values['device'])
-    if not values['checkpoint'] and not values['allow_random_weights']:
+    remote = values['inference'] == 'remote'
+    if remote and values['chunking.horizon'] == 0:
+        raise ParameterError(
+            "inference 'remote' needs chunking.horizon > 0 (at most the server policy's chunk "
+            'size): the node does not load the policy, so it cannot read the chunk size')
+    if remote and not values['remote.server'].startswith('/'):
+        raise ParameterError(f"parameter 'remote.server' = '{values['remote.server']}' must be a "
+                             "fully qualified node name, e.g. '/vla_policy_server'")
+    if not remote and not values['checkpoint'] and not values['allow_random_weights']:
         raise ParameterError(
             "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
             "'checkpoint' to your policy's folder (or allow_random_weights: true for plumbing "
@@ -429,6 +447,8 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         max_instruction_length=values['max_instruction_length'],
         limits=limits,
         diagnostics_period=values['diagnostics_period'],
+        inference=values['inference'],
+        remote_server=values['remote.server'],
     )
 
 

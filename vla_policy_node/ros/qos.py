@@ -59,3 +59,12 @@ DIAGNOSTICS_QOS = QoSProfile(
     reliability=ReliabilityPolicy.RELIABLE,
     durability=DurabilityPolicy.VOLATILE,
 )
+
+# Remote inference (robot <-> vla_policy_server): every request and chunk is wanted, and a
+# late joiner must not receive old ones (a chunk answered before it started is stale).
+REMOTE_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=16,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)

@@ -1,0 +1,42 @@
+"""launch/multi_robot.launch.py: one server, N robots in their own namespaces (built, not run)."""
+
+import importlib.util
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+launch = pytest.importorskip('launch')
+pytest.importorskip('launch_ros')
+
+
+def load():
+    spec = importlib.util.spec_from_file_location('multi_robot_launch',
+                                                  ROOT / 'launch' / 'multi_robot.launch.py')
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch('ament_index_python.packages.get_package_share_directory',
+                    return_value=str(ROOT)):
+        spec.loader.exec_module(module)
+        return module, module.generate_launch_description()
+
+
+def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
+    module, description = load()
+    context = launch.LaunchContext()
+    for entity in description.entities:
+        if type(entity).__name__ == 'DeclareLaunchArgument':
+            entity.visit(context)
+    servers = [e for e in description.entities if getattr(e, 'node_executable', None)
+               == 'vla_policy_server']
+    assert len(servers) == 1
+    context.launch_configurations['robots'] = '3'
+    nodes = module.robots(context)
+    assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
+    policy_nodes = nodes[1::2]
+    for node in policy_nodes:
+        overrides = node._Node__parameters[1]
+        keys = {''.join(str(getattr(p, 'text', p)) for p in key) for key in overrides}
+        assert {'inference', 'remote.server', 'chunking.horizon', 'joint_states_topic'} <= keys
+    setup = (ROOT / 'setup.py').read_text()
+    assert "vla_policy_server = {PACKAGE}.ros.entry:server_main" in setup

@@ -1,0 +1,163 @@
+"""
+vla_policy_server with two robots (vla_policy_node, inference remote) over real DDS.
+
+Processes: one server and two robot nodes in namespaces /r1 and /r2; a probe plays both
+robots' cameras, joint states and instructions (different tasks) and records their commands.
+The server is killed mid-run: each robot must stop commanding (its last message is a hold)
+within its plan plus one deadline, and command again once a new server is up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray
+import numpy as np
+import pytest
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+import yaml
+
+from vla_policy_node.ros.conversions import rgb_to_image
+from vla_policy_node.ros.diagnostics import diagnostics_to_dict
+from vla_policy_node.ros.qos import (
+    CAMERA_QOS,
+    COMMAND_QOS,
+    DIAGNOSTICS_QOS,
+    INSTRUCTION_QOS,
+    JOINT_STATES_QOS,
+)
+
+pytestmark = pytest.mark.dds
+
+CONFIG = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']
+ROBOTS = {'/r1': 'pick up the red cube', '/r2': 'open the drawer'}
+HORIZON = 8
+DEADLINE = 1.0
+RATE = CONFIG['control_rate_hz']
+ROBOT_ARGS = ('-p', 'inference:=remote', '-p', f'chunking.horizon:={HORIZON}',
+              '-p', 'joint_states_topic:=joint_states', '-p', f'policy_deadline:={DEADLINE}')
+SERVER_ARGS = ('-p', 'batch.window:=0.01', '-p', 'tiny_model.chunk_size:=16')
+
+
+class RobotsProbe:
+    """Publishes every robot's inputs and records (arrival time) of each robot's commands."""
+
+    def __init__(self, domain_id: int) -> None:
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = rclpy.create_node('robots_probe', context=self.context)
+        self.commands: dict[str, list[float]] = {ns: [] for ns in ROBOTS}
+        self.server: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._publishers = []
+        for ns, task in ROBOTS.items():
+            cameras = [self.node.create_publisher(Image, f'{ns}/{topic}', CAMERA_QOS)
+                       for topic in CONFIG['camera_topics']]
+            joints = self.node.create_publisher(JointState, f'{ns}/joint_states', JOINT_STATES_QOS)
+            self.node.create_publisher(String, f'{ns}/instruction', INSTRUCTION_QOS).publish(
+                String(data=task))
+            self.node.create_subscription(
+                JointTrajectory, f"{ns}/{CONFIG['command_topic']}",
+                lambda msg, ns=ns: self._on_command(ns), COMMAND_QOS)
+            self._publishers.append((cameras, joints))
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics,
+                                      DIAGNOSTICS_QOS)
+        self.node.create_timer(1.0 / 15.0, self._publish_images)
+        self.node.create_timer(1.0 / 50.0, self._publish_joints)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        threading.Thread(target=self.executor.spin, daemon=True).start()
+
+    def _publish_images(self) -> None:
+        for cameras, _ in self._publishers:
+            for camera in cameras:
+                camera.publish(rgb_to_image(np.full((48, 64, 3), 90, dtype=np.uint8)))
+
+    def _publish_joints(self) -> None:
+        for _, joints in self._publishers:
+            joints.publish(JointState(name=CONFIG['joint_names'],
+                                      position=[0.1 * i for i in range(6)]))
+
+    def _on_command(self, ns: str) -> None:
+        with self._lock:
+            self.commands[ns].append(time.monotonic())
+
+    def _on_diagnostics(self, msg) -> None:
+        for name, values in diagnostics_to_dict(msg).items():
+            if name.endswith(': server'):
+                with self._lock:
+                    self.server = values
+
+    def count(self, ns: str) -> int:
+        with self._lock:
+            return len(self.commands[ns])
+
+    def last(self, ns: str) -> float:
+        with self._lock:
+            return self.commands[ns][-1]
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
+    domain = next_domain_id()
+    processes = []
+
+    def start(command, ns=None, args=()):
+        extra = args + (('-r', f'__ns:={ns}') if ns else ())
+        process = NodeProcess([DEFAULT_CONFIG], domain, extra, command=command)
+        processes.append(process)
+        return process
+
+    probe = None
+    try:
+        server = start(SERVER_COMMAND, args=SERVER_ARGS)
+        robots = {ns: start(None, ns, ROBOT_ARGS) for ns in ROBOTS}
+        assert server.wait_for_output('ready:', 90.0), server.output
+        for robot in robots.values():
+            assert robot.wait_for_output('ready:', 90.0), robot.output
+        probe = RobotsProbe(domain)
+        output = lambda: server.output + '\n'.join(r.output for r in robots.values())  # noqa: E731
+        assert wait_until(lambda: all(probe.count(ns) >= 20 for ns in ROBOTS), 60.0), output()
+        assert wait_until(lambda: int(probe.server.get('batches', 0)) > 0, 5.0), output()
+        assert int(probe.server['prefix_passes']) == int(probe.server['batches'])
+
+        server.kill()
+        killed = time.monotonic()
+        # Plan left (at most one horizon), then one deadline: the robots have held by then.
+        bound = HORIZON / RATE + DEADLINE + 0.5
+        time.sleep(bound + 1.0)
+        for ns in ROBOTS:
+            assert probe.last(ns) - killed < bound, f'{ns} kept commanding after the server died'
+        for robot in robots.values():     # the deadline, not only the plan running out
+            assert 'no answer from the policy server within policy_deadline' in robot.output, \
+                robot.output
+        counts = {ns: probe.count(ns) for ns in ROBOTS}
+
+        server = start(SERVER_COMMAND, args=SERVER_ARGS)
+        assert server.wait_for_output('ready:', 90.0), server.output
+        assert wait_until(lambda: all(probe.count(ns) >= counts[ns] + 20 for ns in ROBOTS), 60.0), \
+            output()
+    finally:
+        if probe is not None:
+            probe.close()
+        for process in processes:
+            process.kill()

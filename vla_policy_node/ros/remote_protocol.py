@@ -1,0 +1,220 @@
+"""
+The robot <-> ``vla_policy_server`` wire format: a topic pair of ``std_msgs/UInt8MultiArray``.
+
+Topics (relative to the server's name, default ``/vla_policy_server``): robots publish
+requests on ``<server>/requests``; the server answers every robot on ``<server>/chunks``,
+and each robot keeps the answers addressed to it (``robot`` = its fully qualified node name)
+whose ``request_id`` and ``episode`` it awaits.
+
+A message is a list of named segments: ``layout.dim[i].label`` names segment ``i`` and
+``layout.dim[i].size`` gives its length in bytes; ``data`` is the segments end to end. The
+first segment, ``meta``, is UTF-8 JSON; ``ros2 topic echo --no-arr`` shows the segment list.
+
+Request segments: ``meta`` = ``{"version": 1, "robot", "request_id", "episode", "obs_time",
+"task", "state": [D floats], "images": {camera: [H, W]}, "rtc": null | {"shape": [K, A],
+"delay_steps", "max_guidance_weight", "guidance"}}``; ``image/<camera>``: rgb8 rows, H * W * 3
+bytes; ``rtc_prefix``: the committed actions, K * A little-endian float64.
+
+Chunk segments: ``meta`` = ``{"version": 1, "robot", "request_id", "episode", "obs_time",
+"fault": null | str, "error", "shape": [T, A], "queue_wait", "compute", "batch_size"}``
+(seconds); ``chunk``: T * A little-endian float32 (absent with a fault).
+
+Why this and not a service or an action with the project's own messages: a message package
+must be generated with rosidl and CMake, which this package (ament_python, pip-installable)
+does not need today; plain std_msgs work with every ROS 2 install, and request ids give what a
+service would (which answer belongs to which request) without a blocking call. Floats in JSON
+round-trip exactly (repr); times are the robot's own clock, returned untouched. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+import json
+import math
+from typing import Any
+
+import numpy as np
+from std_msgs.msg import MultiArrayDimension, UInt8MultiArray
+
+from vla_policy_node.core.chunking import RTC_GUIDANCE, RTCGuidance
+
+VERSION = 1
+REQUESTS_TOPIC = 'requests'
+CHUNKS_TOPIC = 'chunks'
+MAX_CAMERA_PIXELS = 4096 * 4096
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the wire format; the text names the field."""
+
+
+@dataclass(frozen=True)
+class ChunkAnswer:
+    """A decoded answer: chunk (T, A) float64 or None with ``fault``; the server's timings."""
+
+    robot: str
+    request_id: int
+    episode: int
+    obs_time: float
+    chunk: np.ndarray | None
+    fault: str | None
+    error: str
+    queue_wait: float
+    compute: float
+    batch_size: int
+
+
+def topic(server: str, name: str) -> str:
+    """Join the server's node name and a topic name: ``/vla_policy_server/requests``."""
+    return f"{server.rstrip('/')}/{name}"
+
+
+def _pack(meta: dict[str, Any], segments: Sequence[tuple[str, bytes]]) -> UInt8MultiArray:
+    parts = [('meta', json.dumps(meta).encode())] + list(segments)
+    msg = UInt8MultiArray()
+    msg.layout.dim = [MultiArrayDimension(label=label, size=len(data), stride=0)
+                      for label, data in parts]
+    msg.data = b''.join(data for _, data in parts)
+    return msg
+
+
+def _unpack(msg: UInt8MultiArray) -> tuple[dict[str, Any], dict[str, memoryview]]:
+    data = memoryview(msg.data).cast('B')
+    segments, offset = {}, 0
+    for dim in msg.layout.dim:
+        if offset + dim.size > len(data):
+            raise ProtocolError(f'segment {dim.label!r} runs past the end of data')
+        segments[dim.label] = data[offset:offset + dim.size]
+        offset += dim.size
+    if offset != len(data) or 'meta' not in segments:
+        raise ProtocolError('layout.dim must describe data exactly, starting with a meta segment')
+    try:
+        meta = json.loads(bytes(segments.pop('meta')))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ProtocolError(f'meta is not JSON: {error}') from error
+    if not isinstance(meta, dict) or meta.get('version') != VERSION:
+        raise ProtocolError(f'meta.version must be {VERSION}')
+    return meta, segments
+
+
+def _field(meta: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = meta.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ProtocolError(f'meta.{name} is missing or not {kind}')
+    return value
+
+
+def _finite(meta: dict[str, Any], name: str) -> float:
+    value = float(_field(meta, name, (int, float)))
+    if not math.isfinite(value):
+        raise ProtocolError(f'meta.{name} must be finite')
+    return value
+
+
+# ---------------------------------------------------------------------- requests
+def encode_request(robot: str, request_id: int, episode: int, obs_time: float,
+                   observation: dict[str, Any], rtc: RTCGuidance | None) -> UInt8MultiArray:
+    """Build a request from the loop's observation (images, state, task) and the chunk request."""
+    images = {name: np.ascontiguousarray(rgb, dtype=np.uint8)
+              for name, rgb in observation['images'].items()}
+    meta = {'version': VERSION, 'robot': robot, 'request_id': int(request_id),
+            'episode': int(episode), 'obs_time': float(obs_time), 'task': observation['task'],
+            'state': [float(x) for x in np.asarray(observation['state']).ravel()],
+            'images': {name: list(rgb.shape[:2]) for name, rgb in images.items()}, 'rtc': None}
+    segments = [(f'image/{name}', rgb.tobytes()) for name, rgb in images.items()]
+    if rtc is not None:
+        prefix = np.ascontiguousarray(rtc.prefix, dtype='<f8')
+        meta['rtc'] = {'shape': list(prefix.shape), 'delay_steps': int(rtc.delay_steps),
+                       'max_guidance_weight': float(rtc.max_guidance_weight),
+                       'guidance': rtc.guidance}
+        segments.append(('rtc_prefix', prefix.tobytes()))
+    return _pack(meta, segments)
+
+
+def decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[str, Any],
+                                                  RTCGuidance | None]:
+    """Return (robot, request_id, episode, obs_time, observation, rtc); ProtocolError if malformed."""
+    meta, segments = _unpack(msg)
+    robot = _field(meta, 'robot', str)
+    request_id, episode = _field(meta, 'request_id', int), _field(meta, 'episode', int)
+    obs_time = _finite(meta, 'obs_time')
+    task = _field(meta, 'task', str)
+    state = np.asarray(_field(meta, 'state', list), dtype=np.float64)
+    if state.ndim != 1 or not np.isfinite(state).all():
+        raise ProtocolError('meta.state must be a list of finite numbers')
+    images = {}
+    for name, size in _field(meta, 'images', dict).items():
+        if (not isinstance(size, list) or len(size) != 2
+                or not all(isinstance(n, int) and n > 0 for n in size)
+                or size[0] * size[1] > MAX_CAMERA_PIXELS):
+            raise ProtocolError(f'meta.images[{name!r}] must be [H, W], positive, at most '
+                                f'{MAX_CAMERA_PIXELS} pixels')
+        raw = segments.get(f'image/{name}')
+        if raw is None or len(raw) != size[0] * size[1] * 3:
+            raise ProtocolError(f'segment image/{name} must hold {size[0]} x {size[1]} x 3 bytes')
+        images[name] = np.frombuffer(raw, np.uint8).reshape(size[0], size[1], 3)
+    rtc = None
+    spec = meta.get('rtc')
+    if spec is not None:
+        rtc = _decode_rtc(spec, segments.get('rtc_prefix'))
+    observation = {'images': images, 'state': state.astype(np.float32), 'task': task}
+    return robot, request_id, episode, obs_time, observation, rtc
+
+
+def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
+    if not isinstance(spec, dict):
+        raise ProtocolError('meta.rtc must be null or an object')
+    shape = _field(spec, 'shape', list)
+    if len(shape) != 2 or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ProtocolError('meta.rtc.shape must be [K, A]')
+    if raw is None or len(raw) != shape[0] * shape[1] * 8:
+        raise ProtocolError(f'segment rtc_prefix must hold {shape[0]} x {shape[1]} float64')
+    prefix = np.frombuffer(raw, '<f8').reshape(shape).astype(np.float64)
+    delay = _field(spec, 'delay_steps', int)
+    if not 0 <= delay <= shape[0]:
+        raise ProtocolError(f'meta.rtc.delay_steps must be in [0, {shape[0]}]')
+    weight = _finite(spec, 'max_guidance_weight')
+    guidance = _field(spec, 'guidance', str)
+    if guidance not in RTC_GUIDANCE or weight <= 0 or not np.isfinite(prefix).all():
+        raise ProtocolError(f'meta.rtc: guidance one of {RTC_GUIDANCE}, max_guidance_weight > 0 '
+                            'and a finite prefix are required')
+    prefix.setflags(write=False)
+    return RTCGuidance(prefix, delay, weight, guidance)
+
+
+# ---------------------------------------------------------------------- answers
+def encode_chunk(robot: str, request_id: int, episode: int, obs_time: float,
+                 chunk: np.ndarray | None, fault: str | None, error: str, queue_wait: float,
+                 compute: float, batch_size: int) -> UInt8MultiArray:
+    """Build the answer to one request: the chunk (T, A), or a fault with its reason."""
+    meta = {'version': VERSION, 'robot': robot, 'request_id': request_id, 'episode': episode,
+            'obs_time': obs_time, 'fault': fault, 'error': error, 'shape': None,
+            'queue_wait': queue_wait, 'compute': compute, 'batch_size': batch_size}
+    segments = []
+    if chunk is not None:
+        data = np.ascontiguousarray(chunk, dtype='<f4')
+        meta['shape'] = list(data.shape)
+        segments.append(('chunk', data.tobytes()))
+    return _pack(meta, segments)
+
+
+def decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
+    """Decode an answer; ProtocolError if malformed."""
+    meta, segments = _unpack(msg)
+    fault = meta.get('fault')
+    chunk = None
+    if fault is None:
+        shape = _field(meta, 'shape', list)
+        raw = segments.get('chunk')
+        if (len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape)
+                or raw is None or len(raw) != shape[0] * shape[1] * 4):
+            raise ProtocolError('meta.shape must be [T, A] and segment chunk hold T x A float32')
+        chunk = np.frombuffer(raw, '<f4').reshape(shape).astype(np.float64)
+    elif not isinstance(fault, str):
+        raise ProtocolError('meta.fault must be null or a string')
+    return ChunkAnswer(
+        robot=_field(meta, 'robot', str), request_id=_field(meta, 'request_id', int),
+        episode=_field(meta, 'episode', int), obs_time=_finite(meta, 'obs_time'), chunk=chunk,
+        fault=fault, error=str(meta.get('error', '')), queue_wait=_finite(meta, 'queue_wait'),
+        compute=_finite(meta, 'compute'), batch_size=_field(meta, 'batch_size', int))
