@@ -1,5 +1,6 @@
 """Shared test setup: the repository on sys.path, the reference fixtures, a quiet torch."""
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,19 @@ torch.set_num_threads(1)
 # The compiled programs tests build are kept between runs, so a rerun loads them instead of compiling
 # (the cache's own tests use folders of their own).
 os.environ.setdefault("VLA_POLICY_NODE_CACHE_DIR", str(REPO / ".pytest_cache" / "vla_policy_node"))
+
+
+@pytest.fixture(autouse=True)
+def project_logs_reach_caplog():
+    """
+    Let the project's log records reach pytest's caplog.
+
+    launch_testing's pytest plugin (installed with the launch tools) makes every logger created
+    after it loads a LaunchLogger that does not propagate, so caplog would see nothing.
+    """
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("vla_policy_node") and isinstance(logger, logging.Logger):
+            logger.propagate = True
 
 
 @pytest.fixture
