@@ -4,13 +4,14 @@ from glob import glob
 
 from setuptools import find_packages, setup
 
-PACKAGE = 'vla_policy_node'
+from vla_policy_node.ament_registration import EXECUTABLES, PACKAGE
 
 setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*']),
     data_files=[
+        ('share/doc/' + PACKAGE, ['LICENSE']),
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
         (f'share/{PACKAGE}/launch', glob('launch/*.launch.py')),
@@ -26,8 +27,7 @@ setup(
     tests_require=['pytest'],
     entry_points={
         'console_scripts': [
-            f'vla_policy_node = {PACKAGE}.ros.entry:main',
-            f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
+            *(f'{name} = {entry}' for name, entry in EXECUTABLES.items()),
             'vla-policy-bench = vla_policy_node.bench.cli:main',
         ],
     },

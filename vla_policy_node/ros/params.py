@@ -125,7 +125,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               '"observation.images.front").'),
     ParamSpec('instruction_topic', 'instruction',
               'std_msgs/String topic carrying the task (reliable, transient local).'),
-    ParamSpec('joint_states_topic', '/joint_states', 'sensor_msgs/JointState topic.'),
+    ParamSpec('joint_states_topic', 'joint_states', 'sensor_msgs/JointState topic; relative names '
+              'follow the node\'s namespace and remaps.'),
     ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
               'Joints in the order of the policy\'s state and action vectors.'),
     ParamSpec('command_interface', 'joint_trajectory',
