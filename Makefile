@@ -56,7 +56,8 @@ $(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
 # Editable install: puts the vla_policy_node and vla_policy_sim_robot console scripts in
 # $(VENV)/bin, running this source tree.
 install: $(VENV)/.install-stamp
-$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) setup.py setup.cfg package.xml
+$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) setup.py setup.cfg package.xml \
+    $(wildcard launch/* config/*)
 	$(VENV)/bin/pip install --no-deps --no-build-isolation -e .
 	$(PYTHON) -m vla_policy_node.ament_registration $(VENV)
 	touch $@

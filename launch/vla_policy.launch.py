@@ -49,6 +49,8 @@ def _parse(name: str, text: str, kind: type) -> object:
 
 def _on_node_exit(event: ProcessExited, context: LaunchContext) -> list:
     """Shut the launch down with the node; a failed node makes ``ros2 launch`` exit non-zero."""
+    if context.is_shutdown:         # the launch is ending anyway (Ctrl-C): nothing to add
+        return []
     if event.returncode != 0:
         raise RuntimeError(f'{event.action.name} exited with code {event.returncode}')
     return [Shutdown(reason=f'{event.action.name} exited')]

@@ -25,6 +25,7 @@ RANDOM_WEIGHTS_ARGS = ('-p', 'allow_random_weights:=true')
 # Runs that share the machine at the same time (two checkouts, say) set different bases.
 DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '80'))
 MAX_DOMAIN_ID = 232     # the largest id whose DDS ports are valid
+INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', 'vla_policy_node')
 _domain_ids = itertools.count(DOMAIN_BASE)
 
 
@@ -45,7 +46,16 @@ def ros_env(domain_id: int) -> dict[str, str]:
 
 
 def installed_executable(name: str = 'vla_policy_node') -> Path:
-    """Return the console script pip (make install) put next to this interpreter."""
+    """
+    Return the installed executable as ``ros2 run`` finds it, else pip's console script.
+
+    First ``lib/vla_policy_node/<name>`` of the package's prefix on AMENT_PREFIX_PATH (colcon
+    install, or the venv ``make install`` registers), then the script next to this interpreter.
+    """
+    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
+        path = Path(prefix) / 'lib' / 'vla_policy_node' / name
+        if prefix and (Path(prefix) / INDEX_MARKER).is_file() and path.is_file():
+            return path
     path = Path(sys.executable).parent / name
     assert path.exists(), f'{path} is not installed: run `make install` (pip install -e .)'
     return path
@@ -56,8 +66,8 @@ class NodeProcess:
 
     def __init__(self, params_files: list[Path], domain_id: int,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 random_weights: bool = True) -> None:
-        args = [str(installed_executable()), '--ros-args']
+                 random_weights: bool = True, executable: str = 'vla_policy_node') -> None:
+        args = [str(installed_executable(executable)), '--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
         args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)

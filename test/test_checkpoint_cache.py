@@ -7,42 +7,21 @@ The cache is built here in ``huggingface_hub``'s layout (``models--org--name/blo
 checkpoint the test saves; the loaded policy must give the same actions as the folder itself.
 """
 
-import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hf_cache import make_cache, REPO_ID, REVISION
 from vla_policy_node.bench.checkpoints import save_random_checkpoint
 from vla_policy_node.core.checkpoint import CheckpointError
 from vla_policy_node.models import load_policy
-
-REPO_ID = 'lerobot/tiny_test'
-REVISION = 'a' * 40
 
 
 @pytest.fixture(scope='module')
 def source(tmp_path_factory) -> Path:
     """A tiny LeRobot SmolVLA checkpoint folder (random weights, 2 cameras, 6 joints)."""
     return save_random_checkpoint(tmp_path_factory.mktemp('ckpt') / 'tiny', 'tiny', 2, seed=1)
-
-
-def make_cache(cache: Path, source: Path, repo_id: str = REPO_ID, revision: str = REVISION) -> Path:
-    """Copy ``source`` into a hub cache as ``huggingface_hub`` lays it out; return the snapshot folder."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / 'snapshots' / revision
-    (repo / 'blobs').mkdir(parents=True, exist_ok=True)
-    for file in sorted(p for p in source.rglob('*') if p.is_file()):
-        data = file.read_bytes()
-        blob = repo / 'blobs' / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        link = snapshot / file.relative_to(source)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / 'refs').mkdir(exist_ok=True)
-    (repo / 'refs' / 'main').write_text(revision)
-    return snapshot
 
 
 def actions(folder) -> np.ndarray:

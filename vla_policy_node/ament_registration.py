@@ -5,7 +5,7 @@ Register a source checkout in an ament prefix, so ``ros2 launch`` and ``ros2 run
 ``pip install -e .`` puts the console scripts next to the interpreter and writes nothing into
 the ament index, where ``ros2 launch vla_policy_node ...`` looks the package up. This writes
 what ``colcon build --symlink-install`` would: the package marker, ``share/<pkg>/`` (launch,
-config and package.xml, linked to the checkout so edits count at once) and
+config and package.xml, each file linked to the checkout so edits count at once) and
 ``lib/<pkg>/<executable>`` (scripts that run the entry points with this interpreter). The
 prefix must then be on ``AMENT_PREFIX_PATH``. Usage:
 ``python -m vla_policy_node.ament_registration PREFIX``.
@@ -37,12 +37,16 @@ def register(prefix: Path, source: Path, python: Path) -> None:
     index.mkdir(parents=True, exist_ok=True)
     (index / PACKAGE).touch()
     share = prefix / 'share' / PACKAGE
-    share.mkdir(parents=True, exist_ok=True)
-    for name in SHARED:
-        link = share / name
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to((source / name).resolve())
+    for name in SHARED:     # file by file: ros2 launch does not look inside linked folders
+        origin = source / name
+        for file in sorted(origin.rglob('*')) if origin.is_dir() else [origin]:
+            if file.is_dir():
+                continue
+            link = share / file.relative_to(source)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(file.resolve())
     lib = prefix / 'lib' / PACKAGE
     lib.mkdir(parents=True, exist_ok=True)
     for name, entry in EXECUTABLES.items():

@@ -102,10 +102,10 @@ class PolicyWiring:
     """
 
     def _declare(self, node_options: dict[str, Any]) -> None:
-        self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         self._loop: ControlLoop | None = None           # None until wired (lifecycle: configured)
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
+        self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
