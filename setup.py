@@ -1,10 +1,17 @@
 """Install the vla_policy_node ament_python package (colcon build or pip install)."""
 
 from glob import glob
+from pathlib import Path
+import runpy
 
 from setuptools import find_packages, setup
 
-from vla_policy_node.ament_registration import EXECUTABLES, PACKAGE
+# The executables, as the ament registration of a source checkout writes them too. Read by
+# path: colcon runs this file where the package itself is not importable.
+REGISTRATION = runpy.run_path(
+    str(Path(__file__).resolve().parent / 'vla_policy_node' / 'ament_registration.py'))
+PACKAGE = REGISTRATION['PACKAGE']
+EXECUTABLES = REGISTRATION['EXECUTABLES']
 
 setup(
     name=PACKAGE,
@@ -24,7 +31,7 @@ setup(
     description='Vision-Language-Action policies (SmolVLA, pi0) in a ROS 2 control loop.',
     license='Apache-2.0',
     python_requires='>=3.10',
-    tests_require=['pytest'],
+    extras_require={'test': ['pytest']},     # colcon test runs pytest (tests_require is gone)
     entry_points={
         'console_scripts': [
             *(f'{name} = {entry}' for name, entry in EXECUTABLES.items()),
