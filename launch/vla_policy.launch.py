@@ -8,10 +8,9 @@ Launch arguments (``ros2 launch vla_policy_node vla_policy.launch.py --show-args
 file's values stand otherwise; an argument this file does not declare is an error (a typo
 such as ``checkpont:=`` must not start the node without its checkpoint). The launch shuts
 down when the node exits, and ``ros2 launch`` exits non-zero when the node failed. Topics are
-relative: ``namespace:=arm`` makes the node read ``/arm/joint_states``. For example::
-
-    ros2 launch vla_policy_node vla_policy.launch.py \\
-        config_file:=my_robot.yaml checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm
+relative: ``namespace:=arm`` makes the node read ``/arm/joint_states``. For example
+``ros2 launch vla_policy_node vla_policy.launch.py config_file:=my_robot.yaml
+checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm``.
 
 Included from another launch file, give it its own scope so that the parent's launch
 configurations do not count as arguments of this file: ``GroupAction([IncludeLaunchDescription(

@@ -36,7 +36,7 @@ def require_launch_tools() -> None:
 
 
 def ros2_command() -> str:
-    """The ``ros2`` command of this environment (next to the interpreter, else on PATH)."""
+    """Return the ``ros2`` command of this environment (next to the interpreter, else on PATH)."""
     beside = Path(sys.executable).parent / 'ros2'
     return str(beside) if beside.exists() else (shutil.which('ros2') or 'ros2')
 

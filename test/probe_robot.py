@@ -32,6 +32,7 @@ from vla_policy_node.ros.qos import (
     JOINT_STATES_QOS,
 )
 
+
 def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` seconds have passed."""
     end = time.monotonic() + timeout
@@ -103,7 +104,7 @@ class ProbeRobot:
         return future.result()
 
     def parameters(self, names: list[str], timeout: float = 10.0) -> dict[str, Any]:
-        """The node's parameter values, over its get_parameters service."""
+        """Return the node's parameter values, read over its get_parameters service."""
         reply = self._call(self._parameters, GetParameters.Request(names=names), timeout)
         return {name: parameter_value_to_python(value) for name, value in zip(names, reply.values)}
 
@@ -114,7 +115,7 @@ class ProbeRobot:
         return self._call(self._change, request, timeout).success
 
     def lifecycle_state(self, timeout: float = 10.0) -> str:
-        """The lifecycle node's current state label."""
+        """Return the lifecycle node's current state label."""
         return self._call(self._state, GetState.Request(), timeout).current_state.label
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_cache import make_cache, REPO_ID, REVISION
+from hf_cache import make_cache, REPO_ID
 from vla_policy_node.bench.checkpoints import save_random_checkpoint
 from vla_policy_node.core.checkpoint import CheckpointError
 from vla_policy_node.models import load_policy
@@ -20,7 +20,7 @@ from vla_policy_node.models import load_policy
 
 @pytest.fixture(scope='module')
 def source(tmp_path_factory) -> Path:
-    """A tiny LeRobot SmolVLA checkpoint folder (random weights, 2 cameras, 6 joints)."""
+    """Save a tiny LeRobot SmolVLA checkpoint folder (random weights, 2 cameras, 6 joints)."""
     return save_random_checkpoint(tmp_path_factory.mktemp('ckpt') / 'tiny', 'tiny', 2, seed=1)
 
 

@@ -1,6 +1,8 @@
 """
-colcon sees an ament_python package, installs the share folder and executables, and ``colcon test``
-runs the tests against the installed executables.
+colcon builds and tests the package as a ROS 2 workspace would.
+
+colcon sees an ament_python package and installs the share folder and executables, and
+``colcon test`` runs the tests against the installed executables.
 """
 
 import os

@@ -29,7 +29,7 @@ LAUNCH = ['launch', 'vla_policy_node', 'vla_policy.launch.py']
 
 @pytest.fixture(scope='module')
 def env(tmp_path_factory) -> dict[str, str]:
-    """A domain of its own and this checkout registered in a temporary ament prefix."""
+    """Give a domain of its own and this checkout registered in a temporary ament prefix."""
     prefix = tmp_path_factory.mktemp('ament') / 'prefix'
     return {**ros_env(next_domain_id()), **ament_env(prefix), 'RCUTILS_LOGGING_USE_STDOUT': '1'}
 
@@ -96,3 +96,31 @@ def test_lifecycle_argument_starts_the_managed_node(env, tmp_path):
         process.send_signal(signal.SIGINT)
         out, _ = process.communicate(timeout=30)
     assert process.returncode == 0, ''.join(lines) + out
+
+
+PARENT = '''
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, GroupAction, IncludeLaunchDescription
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+
+
+def generate_launch_description():
+    child = get_package_share_directory('vla_policy_node') + '/launch/vla_policy.launch.py'
+    include = IncludeLaunchDescription(PythonLaunchDescriptionSource(child), launch_arguments={
+        'namespace': 'robot1', 'checkpoint': '{checkpoint}'}.items())
+    return LaunchDescription([
+        DeclareLaunchArgument('robots', default_value='1'),
+        GroupAction([include], scoped=True, forwarding=False),
+    ])
+'''
+
+
+def test_an_include_in_its_own_scope_passes_only_its_arguments(env, tmp_path):
+    parent = tmp_path / 'fleet.launch.py'
+    parent.write_text(PARENT.replace('{checkpoint}', str(tmp_path / 'missing')))
+    result = ros2(env, 'launch', str(parent), 'robots:=2', timeout=120.0)
+    assert 'unknown launch arguments' not in result.stdout, result.stdout
+    assert 'cannot start: could not load the policy' in result.stdout, result.stdout
+    assert '-r __ns:=/robot1' in result.stdout, result.stdout
+    assert result.returncode != 0

@@ -11,7 +11,7 @@ from vla_policy_node.ros.qos import JOINT_STATES_QOS
 
 
 def polled_topic(arguments: list[str], topic: str = SPECS['joint_states_topic'].default) -> str:
-    """The topic the polled joint-state subscription reads for a node started with ``arguments``."""
+    """Return the topic the polled joint-state subscription reads for a node started with ``arguments``."""
     context = rclpy.Context()
     rclpy.init(context=context, args=[], domain_id=0)
     try:

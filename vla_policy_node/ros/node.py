@@ -119,7 +119,7 @@ class PolicyWiring:
         self._other_publishers = 0
 
     def _make_loop(self) -> ControlLoop:
-        """A control loop bound to the inference thread; its sink is :meth:`_publish`."""
+        """Make a control loop bound to the inference thread; its sink is :meth:`_publish`."""
         return ControlLoop(
             loop_settings(self._settings), scheduler_config(self._settings, self._policy.chunk_size),
             self._worker, self._publish, self._log, on_chunk_ready=self._chunk_ready.trigger)
