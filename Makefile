@@ -16,6 +16,7 @@ export AMENT_PREFIX_PATH := $(abspath $(VENV))$(if $(AMENT_PREFIX_PATH),:$(AMENT
 # unchanged from their public sources: not on PyPI, so installed only where the folder is.
 ROS2_LAUNCH ?= ../shared/ros2-launch
 LAUNCH_STAMP := $(if $(wildcard $(ROS2_LAUNCH)/wheels/*.whl),$(VENV)/.launch-stamp)
+export VLA_ROS2_LAUNCH_DIR := $(abspath $(ROS2_LAUNCH))
 
 # The virtual environment with the pinned runtime and test dependencies (ROS 2 Kilted wheels,
 # torch, pytest); redone only when a requirements file changes.
