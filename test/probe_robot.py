@@ -97,26 +97,36 @@ class ProbeRobot:
             'nobody subscribes to the instruction'
         publisher.publish(String(data=text))
 
-    def _call(self, client, request, timeout: float) -> Any:
-        assert client.wait_for_service(timeout_sec=timeout), f'{client.srv_name} not available'
-        future = client.call_async(request)
-        assert wait_until(future.done, timeout), f'{client.srv_name} did not answer'
-        return future.result()
+    def _call(self, client, request, timeout: float, retry_after: float | None = None) -> Any:
+        """
+        Call a service; with ``retry_after``, call again when no answer came in that time.
 
-    def parameters(self, names: list[str], timeout: float = 10.0) -> dict[str, Any]:
+        A reply sent before the service's reply writer has matched the client is lost (DDS
+        discovery is not atomic): idempotent queries retry, transitions just wait longer.
+        """
+        end = time.monotonic() + timeout
+        assert client.wait_for_service(timeout_sec=timeout), f'{client.srv_name} not available'
+        while True:
+            future = client.call_async(request)
+            left = end - time.monotonic()
+            if wait_until(future.done, min(left, retry_after or left)):
+                return future.result()
+            assert time.monotonic() < end, f'{client.srv_name} did not answer'
+
+    def parameters(self, names: list[str], timeout: float = 30.0) -> dict[str, Any]:
         """Return the node's parameter values, read over its get_parameters service."""
-        reply = self._call(self._parameters, GetParameters.Request(names=names), timeout)
+        reply = self._call(self._parameters, GetParameters.Request(names=names), timeout, 3.0)
         return {name: parameter_value_to_python(value) for name, value in zip(names, reply.values)}
 
-    def transition(self, name: str, timeout: float = 60.0) -> bool:
+    def transition(self, name: str, timeout: float = 120.0) -> bool:
         """Ask the lifecycle node for a transition by label (configure, activate, shutdown...)."""
         request = ChangeState.Request()
         request.transition.label = name
         return self._call(self._change, request, timeout).success
 
-    def lifecycle_state(self, timeout: float = 10.0) -> str:
+    def lifecycle_state(self, timeout: float = 30.0) -> str:
         """Return the lifecycle node's current state label."""
-        return self._call(self._state, GetState.Request(), timeout).current_state.label
+        return self._call(self._state, GetState.Request(), timeout, 3.0).current_state.label
 
     def close(self) -> None:
         """Stop spinning and shut the probe's context down."""
