@@ -8,7 +8,11 @@ exercised by test_launch_cli.py and test_launch_dds.py where the launch tools ar
 """
 
 import ast
+import importlib.util
 from pathlib import Path
+
+import launch_setup
+import pytest
 
 from vla_policy_node.ament_registration import EXECUTABLES
 
@@ -57,3 +61,13 @@ def test_setup_installs_every_file_and_executable_the_launch_file_needs():
         module, function = entry.split(':')
         source = ROOT / Path(*module.split('.')).with_suffix('.py')
         assert f'def {function}(' in source.read_text(), entry
+
+
+def test_launch_tests_skip_with_the_reason_without_the_tools_and_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name: None)
+    monkeypatch.setattr(launch_setup, 'LAUNCH_DIR', tmp_path / 'ros2-launch')
+    with pytest.raises(pytest.skip.Exception, match='ros2-launch not found: `make setup`'):
+        launch_setup.require_launch_tools()
+    (tmp_path / 'ros2-launch').mkdir()
+    with pytest.raises(AssertionError, match='run `make setup`'):
+        launch_setup.require_launch_tools()
