@@ -7,22 +7,61 @@ DEMO_EPISODES ?= 10
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 export ROS_LOCALHOST_ONLY := 1
 export ROS_DOMAIN_ID ?= 31
+# The venv is an ament prefix: ros2 launch / ros2 run find the packages registered in it.
+export AMENT_PREFIX_PATH := $(abspath $(VENV))$(if $(AMENT_PREFIX_PATH),:$(AMENT_PREFIX_PATH))
 
 .PHONY: setup install demo train test lint
 
+# The ROS 2 launch and command-line tools (launch, launch_ros, launch_testing, ros2cli), built
+# unchanged from their public sources: not on PyPI, so installed only where the folder is.
+ROS2_LAUNCH ?= ../shared/ros2-launch
+LAUNCH_STAMP := $(if $(wildcard $(ROS2_LAUNCH)/wheels/*.whl),$(VENV)/.launch-stamp)
+export VLA_ROS2_LAUNCH_DIR := $(abspath $(ROS2_LAUNCH))
+
 # The virtual environment with the pinned runtime and test dependencies (ROS 2 Kilted wheels,
 # torch, pytest); redone only when a requirements file changes.
-setup: $(VENV)/.setup-stamp
+setup: $(VENV)/.setup-stamp $(LAUNCH_STAMP)
 $(VENV)/.setup-stamp: requirements.txt requirements-test.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -r requirements-test.txt
 	touch $@
 
-# Editable install: puts the vla_policy_node, vla_policy_sim_robot, vla-policy-train and
-# vla-policy-sim-eval console scripts in $(VENV)/bin, running this source tree.
+# launch_ros imports composition_interfaces, a message package without a wheel: it is generated
+# here with the ROS 2 interface generators from PyPI (CMake, a C++ compiler, Python headers;
+# installed with apt-get where missing and allowed) and installed into the venv, whose lib/
+# the ROS wheels put on the library path. The generators' exported CMake targets name the
+# include folders of the machine that built the wheels: they are pointed at this venv's.
+$(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
+	$(VENV)/bin/pip install -r requirements-launch.txt
+	$(VENV)/bin/pip install --no-deps $(ROS2_LAUNCH)/wheels/*.whl
+	@include=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+	if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null || ! test -f $$include/Python.h; then \
+	    test "$$(id -u)" = 0 || { echo "composition_interfaces needs cmake, g++ and $$include/Python.h: install them (Debian: cmake g++ python3-dev)"; exit 1; }; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends cmake g++ make python3-dev; \
+	fi; \
+	test -f $$include/Python.h || include=$$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+	numpy=$$($(PYTHON) -c 'import numpy; print(numpy.get_include())'); \
+	grep -l /opt/python/cp311-cp311 $(VENV)/share/*/cmake/*.cmake | xargs -r sed -i \
+	    -e "s#/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include#$$numpy#g" \
+	    -e "s#/opt/python/cp311-cp311/include/python3.11#$$include#g"
+	rm -rf build/composition_interfaces
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S $(ROS2_LAUNCH)/src/composition_interfaces \
+	    -B build/composition_interfaces -DCMAKE_INSTALL_PREFIX=$(abspath $(VENV)) \
+	    -DCMAKE_PREFIX_PATH=$(abspath $(VENV)) -DPython3_EXECUTABLE=$(abspath $(PYTHON)) \
+	    -DBUILD_TESTING=OFF
+	cmake --build build/composition_interfaces -j 2
+	cmake --install build/composition_interfaces
+	$(PYTHON) -c 'import composition_interfaces.srv, launch_ros.actions, launch_testing'
+	touch $@
+
+# Editable install: puts the vla_policy_node, vla_policy_server, vla_policy_sim_robot,
+# vla-policy-train, vla-policy-sim-eval and vla-policy-replay console scripts in $(VENV)/bin,
+# running this source tree.
 install: $(VENV)/.install-stamp
-$(VENV)/.install-stamp: $(VENV)/.setup-stamp setup.py setup.cfg package.xml
+$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) setup.py setup.cfg package.xml \
+    $(wildcard launch/* config/*)
 	$(VENV)/bin/pip install --no-deps --no-build-isolation -e .
+	$(PYTHON) -m vla_policy_node.ament_registration $(VENV)
 	touch $@
 
 # The node drives the simulated table-top arm with the policy that ships in the package

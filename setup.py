@@ -1,10 +1,17 @@
 """Install the vla_policy_node ament_python package (colcon build or pip install)."""
 
 from glob import glob
+from pathlib import Path
+import runpy
 
 from setuptools import find_packages, setup
 
-PACKAGE = 'vla_policy_node'
+# The executables, as the ament registration of a source checkout writes them too. Read by
+# path: colcon runs this file where the package itself is not importable.
+REGISTRATION = runpy.run_path(
+    str(Path(__file__).resolve().parent / 'vla_policy_node' / 'ament_registration.py'))
+PACKAGE = REGISTRATION['PACKAGE']
+EXECUTABLES = REGISTRATION['EXECUTABLES']
 
 setup(
     name=PACKAGE,
@@ -16,6 +23,7 @@ setup(
     package_data={f'{PACKAGE}.sim': ['touch_policy/*.json', 'touch_policy/*.safetensors',
                                      'touch_policy/*.png', 'touch_policy/vlm/*.json']},
     data_files=[
+        ('share/doc/' + PACKAGE, ['LICENSE']),
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
         (f'share/{PACKAGE}/launch', glob('launch/*.launch.py')),
@@ -28,12 +36,10 @@ setup(
     description='Vision-Language-Action policies (SmolVLA, pi0) in a ROS 2 control loop.',
     license='Apache-2.0',
     python_requires='>=3.10',
-    tests_require=['pytest'],
+    extras_require={'test': ['pytest']},     # colcon test runs pytest (tests_require is gone)
     entry_points={
         'console_scripts': [
-            f'vla_policy_node = {PACKAGE}.ros.entry:main',
-            f'vla_policy_server = {PACKAGE}.ros.entry:server_main',
-            f'vla_policy_sim_robot = {PACKAGE}.ros.sim_robot:main',
+            *(f'{name} = {entry}' for name, entry in EXECUTABLES.items()),
             'vla-policy-bench = vla_policy_node.bench.cli:main',
             'vla-policy-replay = vla_policy_node.bench.replay:main',
             'vla-policy-train = vla_policy_node.train.cli:main',

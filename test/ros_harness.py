@@ -27,6 +27,7 @@ DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '40'))
 # Above 101 the DDS ports (7400 + 250 * id + offsets) reach Linux's ephemeral range (32768+),
 # where another socket may already hold them: tests on domains 104-105 failed that way.
 MAX_DOMAIN_ID = 101
+INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', 'vla_policy_node')
 _domain_ids = itertools.count(DOMAIN_BASE)
 
 
@@ -47,7 +48,16 @@ def ros_env(domain_id: int) -> dict[str, str]:
 
 
 def installed_executable(name: str = 'vla_policy_node') -> Path:
-    """Return the console script pip (make install) put next to this interpreter."""
+    """
+    Return the installed executable as ``ros2 run`` finds it, else pip's console script.
+
+    First ``lib/vla_policy_node/<name>`` of the package's prefix on AMENT_PREFIX_PATH (colcon
+    install, or the venv ``make install`` registers), then the script next to this interpreter.
+    """
+    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
+        path = Path(prefix) / 'lib' / 'vla_policy_node' / name
+        if prefix and (Path(prefix) / INDEX_MARKER).is_file() and path.is_file():
+            return path
     path = Path(sys.executable).parent / name
     assert path.exists(), f'{path} is not installed: run `make install` (pip install -e .)'
     return path
@@ -58,8 +68,9 @@ class NodeProcess:
 
     def __init__(self, params_files: list[Path], domain_id: int,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 random_weights: bool = True, command: tuple[str, ...] | None = None) -> None:
-        args = list(command or (str(installed_executable()),)) + ['--ros-args']
+                 random_weights: bool = True, executable: str = 'vla_policy_node',
+                 command: tuple[str, ...] | None = None) -> None:
+        args = list(command or (str(installed_executable(executable)),)) + ['--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
         args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)

@@ -6,7 +6,10 @@ pickle-based file (``.bin``, ``.pt``, ``.ckpt``, ``.pkl``) is refused with the
 reason, because unpickling runs arbitrary code. Every path a checkpoint names
 (the config's backbone and tokenizer, a processor's ``state_file``) is resolved,
 symlinks included, and must stay inside the checkpoint folder, and the folder
-inside the allowed roots. A safetensors header is parsed and checked here
+inside the allowed roots. A Hugging Face cache snapshot (``models--org--name/
+snapshots/<rev>/``, whose files are links into the repository's ``blobs/``) may link
+into that repository's own ``blobs/`` and nowhere else; a hub id (``org/name``) that is
+not a folder resolves offline to its snapshot in the local cache. A safetensors header is parsed and checked here
 (dtypes, shapes, offsets, file length) before a single tensor is read, so a
 header that lies about sizes is an error, not an allocation.
 """
@@ -27,7 +30,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from .normalization import Normalizer
-from .tokenizer import resolve_tokenizer
+from .tokenizer import hf_cache_dirs, resolve_tokenizer
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 SETTINGS_FILE = "vla_policy_node.json"   # what the checkpoint's own files do not say, written by the user
@@ -43,9 +46,20 @@ class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded, with the reason."""
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def checkpoint_dir(path: str | Path, allowed_roots: Sequence[str | Path] = ()) -> Path:
-    """Resolve the folder and check it lies under one of ``allowed_roots`` (when any are given)."""
-    folder = Path(path).expanduser().resolve()
+    """
+    Resolve the folder (or a hub id's cached snapshot) and check it lies under ``allowed_roots``.
+
+    A name that is not an existing folder but looks like a hub id (``lerobot/smolvla_base``)
+    is looked up in the local Hugging Face cache, offline (:func:`hub_snapshot`).
+    """
+    folder = Path(path).expanduser()
+    if not folder.exists() and HUB_ID.fullmatch(str(path)):
+        folder = hub_snapshot(str(path))
+    folder = folder.resolve()
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     roots = [Path(r).expanduser().resolve() for r in allowed_roots]
@@ -54,16 +68,62 @@ def checkpoint_dir(path: str | Path, allowed_roots: Sequence[str | Path] = ()) -
     return folder
 
 
+def hub_snapshot(repo_id: str) -> Path:
+    """
+    Return the cached snapshot of hub model ``repo_id``, offline: the one ``refs/main`` names, else the only one.
+
+    The cache is ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``
+    (``huggingface_hub``'s rules). Nothing is downloaded: a miss says how to fetch it.
+    """
+    tried = []
+    for cache in hf_cache_dirs():
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        tried.append(str(repo))
+        snapshots = repo / "snapshots"
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            revision = ref.read_text(encoding="utf-8").strip()
+            if re.fullmatch(r"[0-9a-f]{40}", revision) and (snapshots / revision).is_dir():
+                return snapshots / revision
+        found = sorted(p for p in snapshots.iterdir() if p.is_dir()) if snapshots.is_dir() else []
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise CheckpointError(
+                f"{repo} holds {len(found)} snapshots and no refs/main: give the snapshot folder "
+                f"itself ({', '.join(p.name for p in found)})")
+    raise CheckpointError(
+        f"checkpoint {repo_id!r} is neither a folder nor a model in the local Hugging Face cache "
+        f"(looked in {', '.join(tried)}); download it first: huggingface-cli download {repo_id}")
+
+
+def cache_blobs(folder: Path) -> Optional[Path]:
+    """``<repo>/blobs`` when ``folder`` is a Hugging Face cache snapshot (``models--*/snapshots/<rev>``), else None."""
+    repo = folder.parent.parent
+    if folder.parent.name != "snapshots" or not repo.name.startswith("models--"):
+        return None
+    blobs = repo / "blobs"
+    return blobs.resolve() if blobs.is_dir() else None
+
+
 def inside(folder: Path, name: str) -> Path:
-    """``folder / name`` resolved (symlinks too); refuses absolute names and anything that escapes ``folder``."""
+    """
+    ``folder / name`` resolved (symlinks too); refuses absolute names and anything that escapes ``folder``.
+
+    In a Hugging Face cache snapshot a file may be a link into that repository's ``blobs/``:
+    then the unresolved path is returned (its name and folder still mean something).
+    """
     if not isinstance(name, str) or not name or "\0" in name:
         raise CheckpointError(f"invalid file name {name!r} in the checkpoint {folder}")
     if Path(name).is_absolute():
         raise CheckpointError(f"{name!r} is an absolute path; a checkpoint may only name files inside {folder}")
     path = (folder / name).resolve()
-    if path != folder and folder not in path.parents:
-        raise CheckpointError(f"{name!r} resolves to {path}, outside the checkpoint folder {folder}")
-    return path
+    if path == folder or folder in path.parents:
+        return path
+    blobs = cache_blobs(folder)
+    if blobs is not None and path.parent == blobs and ".." not in Path(name).parts:
+        return folder / name
+    raise CheckpointError(f"{name!r} resolves to {path}, outside the checkpoint folder {folder}")
 
 
 def read_json(path: Path) -> dict:

@@ -27,3 +27,11 @@ def server_main() -> int:
         signal.signal(signum, _exit_before_start)
     from vla_policy_node.ros.policy_server import main as server
     return server()
+
+
+def lifecycle_main() -> int:
+    """Run the managed lifecycle node (``ros.lifecycle_node``), with the same early signal handling."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_before_start)
+    from vla_policy_node.ros.lifecycle_node import main as node_main
+    return node_main()

@@ -63,6 +63,7 @@ from vla_policy_node.ros.qos import (
     COMMAND_QOS,
     DIAGNOSTICS_QOS,
     INSTRUCTION_QOS,
+    INSTRUCTION_VOLATILE_QOS,
     JOINT_STATES_QOS,
     SERVICE_QOS,
 )
@@ -93,12 +94,25 @@ def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig
         rtc_max_guidance_weight=chunking.rtc_max_guidance_weight, rtc_guidance=chunking.rtc_guidance)
 
 
-class VlaPolicyNode(Node):
-    """Runs a VLA policy against live cameras, joint states and an instruction."""
+class PolicyWiring:
+    """
+    The node's wiring, shared by the plain node and the lifecycle node (ros/lifecycle_node.py).
 
-    def __init__(self, **node_options: Any) -> None:
-        super().__init__(NODE_NAME, **node_options)
+    Mixed into an rclpy ``Node``: :meth:`_declare` reads the parameters, :meth:`_load` builds
+    the policy and its inference thread, :meth:`_wire` the loop and every ROS entity.
+    """
+
+    def _declare(self, node_options: dict[str, Any]) -> None:
+        self._loop: ControlLoop | None = None           # None until wired (lifecycle: configured)
+        self._worker: InferenceWorker | None = None
+        self._joint_states: PolledSubscription | None = None
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+        if hasattr(self, 'add_post_set_parameters_callback'):
+            self.add_post_set_parameters_callback(self._after_set_parameters)
+
+    def _load(self) -> None:
+        """Load the policy and its inference thread, or the server's client; it starts once a loop is bound."""
         self._policy, self._worker = self._make_inference()
         self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
         self._compressed = {name for name, transport in zip(
@@ -106,9 +120,15 @@ class VlaPolicyNode(Node):
             if transport == 'compressed'}
         self._reported_unknown: set[str] = set()
         self._other_publishers: tuple[int, ...] = ()
-        self._wire()
-        self._worker.start()
-        self.get_logger().info(f'ready: {self._model_description()}')
+
+    def _make_loop(self) -> ControlLoop:
+        """Make a control loop bound to the inference (units mapped); its sink is :meth:`_publish`."""
+        settings = self._settings
+        horizon = settings.chunking.horizon if self._policy is None else self._policy.chunk_size
+        return ControlLoop(
+            loop_settings(settings), scheduler_config(settings, horizon),
+            joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
+            on_chunk_ready=self._chunk_ready.trigger)
 
     def _make_inference(self) -> tuple[Any, InferenceWorker | RemoteInference]:
         """Return (the policy, its inference thread), or (None, the remote server's client)."""
@@ -122,20 +142,13 @@ class VlaPolicyNode(Node):
     def _wire(self) -> None:
         """Create publishers, the loop, services, timers and, last, the subscriptions (joy_teleop)."""
         settings = self._settings
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        if hasattr(self, 'add_post_set_parameters_callback'):
-            self.add_post_set_parameters_callback(self._after_set_parameters)
         self._outputs = CommandOutputs(self, settings.command_groups, COMMAND_QOS,
                                        settings.trajectory_velocities)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
-        self._loop = ControlLoop(
-            loop_settings(settings), scheduler_config(
-                settings, settings.chunking.horizon if self._policy is None else self._policy.chunk_size),
-            joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
-            on_chunk_ready=self._chunk_ready.trigger)
+        self._loop = self._make_loop()
         self._check_command_topic()
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode, qos_profile=SERVICE_QOS)
         self._control_timer = self.create_timer(1.0 / settings.control_rate_hz, self._on_control_tick)
@@ -150,8 +163,10 @@ class VlaPolicyNode(Node):
                 lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
         self._joint_states = PolledSubscription(
             self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
-        self.create_subscription(String, settings.instruction_topic, self._on_instruction,
-                                 INSTRUCTION_QOS)
+        # Latched publishers (a late node still gets the task) and volatile ones (ros2 topic pub,
+        # rqt, rosbridge): a latched message reaches both subscriptions, the same text twice.
+        for qos in (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS):
+            self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos)
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -244,7 +259,7 @@ class VlaPolicyNode(Node):
     def _on_set_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         """Validate only (the loop too: limits only tighten); state changes in the post-set callback."""
         settings, reason = validate_change(current_values(self), parameters)
-        if reason is None:
+        if reason is None and self._loop is not None:
             reason = self._loop.check_update(loop_settings(settings))
         if reason is None and not hasattr(self, 'add_post_set_parameters_callback'):
             self._apply_settings(settings)          # Humble: no post-set callback
@@ -257,12 +272,14 @@ class VlaPolicyNode(Node):
 
     def _apply_settings(self, settings: NodeSettings) -> None:
         try:
-            self._loop.update(loop_settings(settings))
+            if self._loop is not None:
+                self._loop.update(loop_settings(settings))
         except ValueError as error:     # only if the robot moved between the two callbacks
             self.get_logger().error(f'parameter change not applied to the control loop: {error}')
             return
         self._settings = settings
-        self._worker.deadline = settings.policy_deadline
+        if self._worker is not None:
+            self._worker.deadline = settings.policy_deadline
 
     # ------------------------------------------------------------------ reporting
     def _on_diagnostics_tick(self) -> None:
@@ -295,7 +312,8 @@ class VlaPolicyNode(Node):
 
     def destroy_node(self) -> None:
         """Destroy the joint-state helper node too."""
-        self._joint_states.destroy()
+        if self._joint_states is not None:
+            self._joint_states.destroy()
         super().destroy_node()
 
     def stop(self) -> bool:
@@ -321,13 +339,25 @@ class VlaPolicyNode(Node):
         return finished
 
 
+class VlaPolicyNode(PolicyWiring, Node):
+    """Runs a VLA policy against live cameras, joint states and an instruction."""
+
+    def __init__(self, **node_options: Any) -> None:
+        Node.__init__(self, NODE_NAME, **node_options)
+        self._declare(node_options)
+        self._load()
+        self._wire()
+        self._worker.start()
+        self.get_logger().info(f'ready: {self._model_description()}')
+
+
 def _ros_arguments(node_options: dict[str, Any]) -> list[str]:
     """Return the arguments rcl reads this node's parameters from (process's, then own)."""
     arguments = list(sys.argv) if node_options.get('use_global_arguments', True) else []
     return arguments + list(node_options.get('cli_args') or [])
 
 
-def main(args: list[str] | None = None) -> int:
+def main(args: list[str] | None = None, node_class: type = VlaPolicyNode) -> int:
     """
     Run the node until SIGINT/SIGTERM; exit 0 after a hold, 1 on a configuration error.
 
@@ -342,7 +372,7 @@ def main(args: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        node = VlaPolicyNode()
+        node = node_class()
     except (ParameterError, PolicyLoadError) as error:
         rclpy.logging.get_logger(NODE_NAME).fatal(f'cannot start: {error}')
         rclpy.try_shutdown()

@@ -151,7 +151,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'One entry applies to every camera.'),
     ParamSpec('instruction_topic', 'instruction',
               'std_msgs/String topic carrying the task (reliable, transient local).'),
-    ParamSpec('joint_states_topic', '/joint_states', 'sensor_msgs/JointState topic.'),
+    ParamSpec('joint_states_topic', 'joint_states', 'sensor_msgs/JointState topic; relative names '
+              'follow the node\'s namespace and remaps.'),
     ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
               'Joints in the order of the policy\'s state and action vectors.'),
     ParamSpec('joint_units.scale', Parameter.Type.DOUBLE_ARRAY,

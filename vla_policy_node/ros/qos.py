@@ -25,6 +25,15 @@ INSTRUCTION_QOS = QoSProfile(
     durability=DurabilityPolicy.TRANSIENT_LOCAL,
 )
 
+# The task from volatile publishers too (ros2 topic pub, rqt, rosbridge), which a
+# transient-local subscription does not match.
+INSTRUCTION_VOLATILE_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
 # Joint states: best effort, compatible with joint_state_broadcaster (reliable) and with
 # best-effort drivers. The node reads them once per control tick (``PolledSubscription``), so
 # the history holds what arrives between ticks: 100 messages cover a 1 kHz publisher at a
