@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Install the vla_policy_node ament_python package (colcon build or pip install)."""
 
 from glob import glob

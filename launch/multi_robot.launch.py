@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 One vla_policy_server and N simulated robots, each with its own vla_policy_node (inference remote).
 

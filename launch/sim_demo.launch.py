@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The table-top demo in a colcon workspace: the node with the shipped policy and the simulated arm.
 

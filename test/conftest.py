@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared test setup: the repository on sys.path, the reference fixtures, a quiet torch."""
 
 import logging

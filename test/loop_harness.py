@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A scripted stand-in for the inference thread, for tests of the ROS-free control loop."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 A tiny openpi-layout pi0.5 checkpoint, written by the test itself from a seeded build.
 

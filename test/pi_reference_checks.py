@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks shared by the pi0 and pi0.5 reference tests: the same fixture layout, the same runtime contract."""
 
 from pathlib import Path

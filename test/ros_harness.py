@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Helpers for tests that run the installed node as a process and talk to it over DDS.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Run the real node's ``main`` with a scripted policy whose first step takes 3 s.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batched serving of several robots (core/batch_server.py, Policy.predict_action_chunks)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vla-policy-bench on the tiny configuration: the JSON carries every figure, and the figures are sane."""
 
 import json

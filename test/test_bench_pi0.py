@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The bench's ``pi0`` configuration: published dimensions, LeRobot's file layout, memory, LeRobot skipped."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared blocks: attention backends agree; decoder and vision layers match transformers' definitions."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Corrupted and hostile checkpoint folders: each is refused with a clear ``CheckpointError``.
 

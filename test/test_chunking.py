@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ChunkScheduler driven by a simulated clock and a scripted policy."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 colcon builds and tests the package as a ROS 2 workspace would.
 

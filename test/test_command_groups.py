@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Command groups: parameters, the split of the safe command, and the messages ros2_controllers reads.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compiled path (prefix pass and denoising loop compiled ahead of time) keeps the eager path's actions."""
 
 from conftest import fixture_model_inputs, max_diff

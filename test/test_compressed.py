@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compressed camera frames: image_transport's format strings, jpeg and png, and refusals."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The control loop, case by case (ROS-free, simulated clock).
 

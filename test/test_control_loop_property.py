@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Property tests of the control loop (ROS-free, simulated clock, scripted inference).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Image, joint state, instruction and command conversions, without a running ROS graph."""
 
 import ast

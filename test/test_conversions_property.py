@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Property-based fuzz of everything that crosses the ROS boundary: images, joint states, instructions."""
 
 from hypothesis import given, HealthCheck, settings

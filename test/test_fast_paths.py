@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fast paths keep the reference path's outputs: fused kernels, no per-step prefix copy, CUDA graphs, bfloat16."""
 
 import copy

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ament_flake8 over every Python file of the package, its tests and its launch file."""
 
 from pathlib import Path

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``make gpu-check``: its goal table and bandwidth floor (checked on the CPU), and a clear stop without CUDA."""
 
 import pytest

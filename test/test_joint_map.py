@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Joint units: the map itself (round trip, refusals) and where it acts (around the inference).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Architecture guards: the core never imports rclpy; message conversion never imports torch."""
 
 import ast
@@ -29,3 +30,12 @@ def test_message_conversion_does_not_load_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_python_file_carries_the_spdx_license_header():
+    root = PKG.parent
+    files = [p for folder in ("vla_policy_node", "test", "launch") for p in (root / folder).rglob("*.py")]
+    files.append(root / "setup.py")
+    missing = [str(p.relative_to(root)) for p in files
+               if "SPDX-License-Identifier: Apache-2.0" not in "\n".join(p.read_text().splitlines()[:3])]
+    assert missing == []

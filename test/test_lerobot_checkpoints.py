@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 LeRobot checkpoint settings that change the inputs: prompt padding side, the LeRobot version, bad tasks.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``load_policy`` end to end, raw robot inputs to un-normalized actions, for every family."""
 
 import json

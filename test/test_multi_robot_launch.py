@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """launch/multi_robot.launch.py: one server, N robots in their own namespaces (built, not run)."""
 
 import importlib.util

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The node in this process with a scripted policy: torn state and policy faults, over DDS.
 

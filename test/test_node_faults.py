@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Fault tests of the installed node (issue 6): inputs that stop, bad parameter files, signals.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The installed node, started with config/default.yaml, driven over real DDS on localhost.
 

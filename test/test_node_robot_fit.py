@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The installed node fitted to an SO-101-like setup, over DDS.
 

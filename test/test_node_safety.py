@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The installed node over DDS against what a hostile integrator did to it (issue 10).
 

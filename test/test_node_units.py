@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Unit tests (no DDS) of what the node's fault handling is built from.
 

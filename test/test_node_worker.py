@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The inference thread with a scripted policy (no DDS, no torch): faults, deadline, resets.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 r"""
 openpi-layout pi0.5 (8-dim state, ``discrete_state_input`` true and false) against openpi's own definitions.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Parameter validation: bad values are refused with a reason, at start-up and at run time.
 

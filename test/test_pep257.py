@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ament_pep257 (the ROS 2 docstring conventions) over the package, its tests and its launch file."""
 
 from pathlib import Path

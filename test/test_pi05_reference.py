@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pi0.5 against the LeRobot 0.4.4 reference fixture: adaRMS expert, state in the prompt."""
 
 from __future__ import annotations

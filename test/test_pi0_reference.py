@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pi0 against the LeRobot 0.4.4 reference fixture, and the PaliGemma pieces against transformers."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 vla_policy_server with two robots (vla_policy_node, inference remote) over real DDS.
 

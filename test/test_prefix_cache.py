@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The prefix cache: fill semantics, enforced read-only mode, windows, batch slicing."""
 
 import pytest

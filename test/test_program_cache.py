@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The on-disk cache of compiled programs: reused on a second start, bad entries rebuilt, no temp files."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Property-based tests: prefix cache invariants on random operation sequences, preprocessor fuzz.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 RemoteInference under the ROS-free control loop, against a scripted server over real DDS.
 

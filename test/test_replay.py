@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 vla-policy-replay on bags the tests record themselves (MCAP, written as rosbag2 writes them).
 

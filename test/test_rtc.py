@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """RTC guidance on velocity fields whose answer is known in closed form."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PolicyRuntime and Policy on the tiny model: prefix once per step, counters, equality with the naive path."""
 
 import numpy as np

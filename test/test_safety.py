@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Motion limits, finiteness and staleness: the rules every published command obeys."""
 
 import numpy as np

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The simulated table-top robot without ROS: kinematics, camera, success check, trajectories, expert."""
 
 import numpy as np

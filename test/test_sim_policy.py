@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The trained table-top policy that ships in the package.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SmolVLA against LeRobot 0.4.4: the reference fixture, loaded through ``load_policy``."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The soak run (the control loop against a simulated robot) and the input-load bench, run for real but short."""
 
 import subprocess

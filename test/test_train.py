@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Training pieces: LeRobot's time sampling and loss, and the checkpoint layout load_policy reads back."""
 
 import numpy as np

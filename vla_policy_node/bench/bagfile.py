@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ROS 2 bags in MCAP (rosbag2's default storage), read without a ROS install; written for tests.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Random-weight checkpoints at real dimensions, saved exactly as LeRobot saves them.
 

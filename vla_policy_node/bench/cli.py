@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``vla-policy-bench``: observation-to-chunk latency, per stage, against the naive path and LeRobot.
 

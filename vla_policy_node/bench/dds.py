@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``vla-policy-bench --dds``: the installed node over DDS on localhost, frame published -> command received.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Camera frame conversion cost at the tick: raw rgb8 vs image_transport's jpeg and png.
 

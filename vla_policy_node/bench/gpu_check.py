@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``make gpu-check``: the CUDA tests and the GPU benchmarks in one run (under 5 minutes), then one table of the goals.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 CPU cost of high-rate inputs to the installed node: 1 kHz joint states and two 120 Hz cameras.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Jerk at chunk boundaries, per blend mode, in a deterministic simulation.
 

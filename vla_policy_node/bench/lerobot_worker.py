@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 LeRobot 0.4.4's own ``predict_action_chunk``, driven by ``vla-policy-bench`` over a pipe.
 

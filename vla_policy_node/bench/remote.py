@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``python -m vla_policy_node.bench.remote``: one vla_policy_server for N robots against N local nodes.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 r"""
 vla-policy-replay: run the policy open-loop on a recorded episode and compare with its commands.
 

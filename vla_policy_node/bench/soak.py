@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Soak test: 10,000 real-time control steps of the tiny policy against a simulated robot.
 

@@ -1,1 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ROS-free core: models, prefix cache, runtime, preprocessing, chunk scheduling, safety."""

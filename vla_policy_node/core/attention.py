@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Attention kernels and the mask rules of prefix/suffix VLAs.
 

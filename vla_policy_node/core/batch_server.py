@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Serve chunk requests of several robots from one policy: requests close in time share a batch.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Transformer building blocks shared by every family: norms, MLP, attention, decoder layer.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Reading a checkpoint folder safely: JSON configs, safetensors weights, normalization statistics.
 

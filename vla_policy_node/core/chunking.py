@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Execute action chunks at the control rate while the next chunk is computed.
 

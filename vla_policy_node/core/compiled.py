@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Ahead-of-time compiled sampling: the prefix pass and the denoising loop as two shared libraries.
 

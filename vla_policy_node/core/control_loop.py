@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The control loop: one tick of input health, chunk scheduling, hold decisions and clamping.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Flow-matching sampling: the fixed Euler schedule and a stateless integrator.
 

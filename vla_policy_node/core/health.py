@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Health levels, input health and policy fault tallies: what the control loop reports.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The inference thread: runs the policy off the control loop, so no tick ever waits for it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Joint units of the training data vs the robot's: a per-joint affine map, applied at inference.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """load_policy / build_tiny_policy: a checkpoint folder (or the tiny config) -> a ready ``Policy``."""
 
 from __future__ import annotations

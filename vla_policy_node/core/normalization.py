@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 State/action (un)normalization from LeRobot or openpi statistics.
 

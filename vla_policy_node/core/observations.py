@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The latest value of every input stream, when it arrived, and whether it may drive a command.
 

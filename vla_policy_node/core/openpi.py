@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 r"""
 openpi's PyTorch checkpoint layout: ``config.json``, ``model.safetensors``, ``assets/<id>/norm_stats.json``.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 CPU matmuls through oneDNN with weights packed once, instead of MKL's sgemm per call.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Policy: raw observation -> preprocessing -> PolicyRuntime -> un-normalized action chunk."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Mixed precision: which parts of a model stay float32 when the rest runs in bfloat16/float16.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The per-layer key/value cache of the VLM prefix.
 

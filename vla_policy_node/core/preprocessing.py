@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Inference-only preprocessing: camera frames, prompt tokens and state -> ``ModelInputs``.
 

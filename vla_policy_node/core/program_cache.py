@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 On-disk cache of ahead-of-time compiled programs, so that a restart loads instead of compiling.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rotary position embeddings (split-half layout), with cos/sin computed once per pass."""
 
 from __future__ import annotations

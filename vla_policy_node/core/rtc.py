@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Real-time chunking (RTC): guide a new action chunk toward the actions already committed.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Motion limits, finiteness and staleness checks for joint commands; pure numpy, fail closed.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Offline tokenizers: Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library.
 

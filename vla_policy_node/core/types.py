@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tensors exchanged between preprocessing, the model families and the runtime."""
 
 from __future__ import annotations

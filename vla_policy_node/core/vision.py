@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SigLIP vision transformer (the image encoder of SmolVLM and PaliGemma)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Load checkpoint tensors into a model by name, with name, shape and dtype checks first.
 

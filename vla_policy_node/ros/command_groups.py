@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Command groups: the safe command split over the controllers that own the joints.
 

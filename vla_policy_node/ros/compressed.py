@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``sensor_msgs/CompressedImage`` (jpeg, png) <-> uint8 RGB, as image_transport's ``compressed``.
 

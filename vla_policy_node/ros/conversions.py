@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ROS messages <-> numpy: camera images, instructions and joint commands (joint states: core.observations).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Node status -> ``diagnostic_msgs/DiagnosticArray`` for /diagnostics.
 

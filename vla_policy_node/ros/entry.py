@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Console entry point of the node: signal handling in place before the heavy imports."""
 
 import signal

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The policy node: ROS wiring around the ROS-free control loop (``core/control_loop.py``).
 

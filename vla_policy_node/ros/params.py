@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Declared parameters of the policy node: descriptors with ranges, validation, typed settings.
 

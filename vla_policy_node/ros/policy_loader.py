@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Build the policy the node drives: device choice, torch threads, tiny model or checkpoint.
 

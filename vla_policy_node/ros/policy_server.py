@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 ``vla_policy_server``: one policy serving chunk requests of any number of robots over DDS.
 

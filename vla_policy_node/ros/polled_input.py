@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 A subscription read once per control tick instead of once per message.
 

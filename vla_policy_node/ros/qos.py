@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 One named QoS profile per stream, so publishers and subscribers agree by construction.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Remote inference: the control loop's ``Inference`` served by a ``vla_policy_server`` over DDS.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The robot <-> ``vla_policy_server`` wire format: a topic pair of ``std_msgs/UInt8MultiArray``.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 vla-policy-sim-eval: success rate of a policy on the simulated table-top task, through the node and without ROS.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The simulated table-top robot over ROS 2: what `make demo` and the evaluation drive the node with.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The simulated table-top robot (pure numpy, no ROS) and the policy trained on it.
 

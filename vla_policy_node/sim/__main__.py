@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``python -m vla_policy_node.sim checkpoint``: print the shipped checkpoint's folder."""
 
 import sys

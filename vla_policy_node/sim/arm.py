@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 A planar arm over a table: forward and inverse kinematics, joint limits, pure numpy.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 A top camera over the table, rendered with numpy: what the policy sees.
 

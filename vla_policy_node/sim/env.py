@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 TouchEnv: the arm, the table-top task and the top camera stepped at the control rate, pure numpy.
 

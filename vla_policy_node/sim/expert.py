@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scripted expert: inverse kinematics to the named block, then a straight joint-space line at a fixed speed."""
 
 from __future__ import annotations

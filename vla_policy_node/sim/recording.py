@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Saving an episode for a person to look at: an animated GIF and a PNG strip of frames (Pillow)."""
 
 from __future__ import annotations

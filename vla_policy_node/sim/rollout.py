@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Closed-loop episodes without ROS: a policy drives ``TouchEnv`` directly.
 

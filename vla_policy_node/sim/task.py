@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The table-top task: coloured blocks placed at random, an instruction naming one, its success check.
 

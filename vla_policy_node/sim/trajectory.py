@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Following a joint trajectory in time, as joint_trajectory_controller does (linear interpolation).
 

@@ -1,1 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
 """Training a small SmolVLA-style policy on the simulated table-top task (flow matching, CPU)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 vla-policy-train: train the shipped table-top policy from scripted demonstrations, on a CPU.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Demonstrations from the scripted expert: (image, joints, instruction) -> the expert's next action chunk.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 Save a trained ``SmolVLA`` in LeRobot's checkpoint layout, the one ``load_policy`` reads.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 The flow-matching training objective, as LeRobot's SmolVLA computes it.
 

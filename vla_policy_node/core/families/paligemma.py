@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 PaliGemma with a Gemma action expert: the backbone pi0 and pi0.5 share.
 

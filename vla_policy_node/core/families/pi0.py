@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 pi0 (LeRobot 0.4.4 ``PI0Policy``, openpi ``pi0``): PaliGemma prefix, Gemma expert suffix.
 

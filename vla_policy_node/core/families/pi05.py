@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 r"""
 pi0.5 (LeRobot 0.4.4 ``PI05Policy``, openpi ``pi05``): PaliGemma prefix, adaRMS Gemma expert.
 

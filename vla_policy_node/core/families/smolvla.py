@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 SmolVLA: SmolVLM (SigLIP + pixel-shuffle connector + Llama text model) with a narrow action expert.
 
