@@ -39,5 +39,14 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
         overrides = node._Node__parameters[1]
         keys = {''.join(str(getattr(p, 'text', p)) for p in key) for key in overrides}
         assert {'inference', 'remote.server', 'chunking.horizon', 'joint_states_topic'} <= keys
-    setup = (ROOT / 'setup.py').read_text()
-    assert "vla_policy_server = {PACKAGE}.ros.entry:server_main" in setup
+    from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
+    assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
+
+
+def test_the_server_settings_carry_everything_the_policy_loader_reads():
+    import re
+
+    from vla_policy_node.ros import policy_loader
+    from vla_policy_node.ros.policy_server import ServerSettings
+    read = set(re.findall(r'settings\.(\w+)', Path(policy_loader.__file__).read_text()))
+    assert read - set(ServerSettings.__dataclass_fields__) == set()

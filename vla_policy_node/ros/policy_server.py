@@ -43,7 +43,7 @@ from vla_policy_node.ros.remote_protocol import (
 
 NODE_NAME = 'vla_policy_server'
 POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
-                     'cuda_graphs', 'compile', 'num_threads', 'tiny_model.chunk_size',
+                     'cuda_graphs', 'compile', 'compile_cache_dir', 'num_threads', 'tiny_model.chunk_size',
                      'tiny_model.num_steps', 'tiny_model.seed', 'camera_names', 'joint_names',
                      'diagnostics_period')
 SERVER_PARAMETERS = (
@@ -66,6 +66,7 @@ class ServerSettings:
     dtype: str
     cuda_graphs: bool
     torch_compile: bool
+    compile_cache_dir: str
     num_threads: int
     tiny_chunk_size: int
     tiny_num_steps: int
@@ -103,7 +104,8 @@ def declare_server_parameters(node: Node) -> ServerSettings:
         checkpoint=values['checkpoint'], allow_random_weights=values['allow_random_weights'],
         checkpoint_root=values['checkpoint_root'], device=values['device'],
         dtype=values['dtype'], cuda_graphs=values['cuda_graphs'],
-        torch_compile=values['compile'], num_threads=values['num_threads'],
+        torch_compile=values['compile'], compile_cache_dir=values['compile_cache_dir'],
+        num_threads=values['num_threads'],
         tiny_chunk_size=values['tiny_model.chunk_size'],
         tiny_num_steps=values['tiny_model.num_steps'], tiny_seed=values['tiny_model.seed'],
         camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
