@@ -134,3 +134,23 @@ def test_shutdown_holds_and_sigint_exits_zero(system):
     assert system.quiet()
     system.node.process.send_signal(signal.SIGINT)
     assert system.node.wait(20.0) == 0, system.node.output
+
+
+def test_an_unconfigured_lifecycle_node_ticks_nothing_and_stops_cleanly():
+    """In-process, no policy loaded: gated callbacks do nothing, SIGINT handling has nothing to hold."""
+    import rclpy
+
+    from ros_harness import RANDOM_WEIGHTS_ARGS
+    from vla_policy_node.ros.lifecycle_node import VlaPolicyLifecycleNode
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    node = VlaPolicyLifecycleNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
+    try:
+        node._on_control_tick()
+        node._on_frame('front', b'')
+        assert node._loop is None and node._worker is None
+        assert node.inference_alive and node.stop()
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
