@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from vla_policy_node.bench import cli
+from vla_policy_node.bench import cli, matrix
 
 ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
 
@@ -44,9 +44,27 @@ def test_bench_against_lerobot(tmp_path):
     lr = r["lerobot"]
     assert lr["available"] and lr["n"] == 2 and lr["speedup"] > 0
     assert lr["max_abs_diff"] < 1e-5                  # same weights, inputs and noise as LeRobot
+    # LeRobot's whole path from the raw observation (its saved processors) gives the same actions.
+    assert lr["pipeline_max_abs_diff"] < 1e-5 and lr["pipeline"]["n"] == 2 and lr["pipeline_speedup"] > 0
+    assert lr["pipeline"]["median_ms"] >= lr["median_ms"]
     assert lr["not_in_checkpoint"] == ["model.vlm_with_expert.vlm.lm_head.weight",
                                        "model.vlm_with_expert.vlm.model.text_model.norm.weight"]
     assert r["naive"] is None
+
+
+def test_matrix_row_reads_two_bench_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")
+    eager = {**run_bench(tmp_path), "load_average": 0.5}
+    faster = json.loads(json.dumps(eager))
+    faster["stages"]["total"]["median_ms"] = eager["stages"]["total"]["median_ms"] / 2
+    faster["lerobot"] = eager["lerobot"] = {"available": True, "pipeline": {"median_ms": 40.0},
+                                            "pipeline_speedup": 3.5, "pipeline_max_abs_diff": 2e-7}
+    cells = [c.strip() for c in matrix.row(eager, faster).strip("|").split("|")]
+    assert len(cells) == len(matrix.HEADER.splitlines()[0].strip("|").split("|"))
+    assert cells[:4] == ["1", "1", "1", "max_length (48)"] and cells[6] == "2.00x"
+    assert cells[7:11] == ["40.0", "3.50x", "**3.50x**", "2.0e-07"]
+    eager["lerobot"] = {"available": False}
+    assert "not measured" in matrix.row(eager, faster)
 
 
 def test_dds_mode_passes_compile_to_the_node(tmp_path):

@@ -132,6 +132,36 @@ def test_compiling_and_loading_leave_nothing_in_the_temp_folder(tmp_path):
     assert (cache / "inductor").is_dir()         # the compiler's own cache went to the cache folder
 
 
+def test_a_build_killed_midway_leaves_no_staging_folder_behind(tmp_path):
+    """A process killed while compiling leaves its staging folder; the next build removes it, not a live one's."""
+    script = textwrap.dedent(f"""
+        import time, torch
+        from vla_policy_node.core.program_cache import ProgramCache
+        def build(path):
+            print(path.parent.name, flush=True)
+            time.sleep(600)
+        ProgramCache({str(tmp_path)!r}).load_or_build({{"k": 1}}, build, torch.device("cpu"))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    building = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        killed = tmp_path / building.stdout.readline().strip()
+    finally:
+        building.kill()
+        building.wait(timeout=30)
+    assert killed.name.startswith(f"staging-{building.pid}-") and killed.is_dir()
+    live = tmp_path / f"staging-{os.getpid()}-building"        # this process, as if compiling now
+    live.mkdir()
+
+    def build(path: Path) -> None:
+        assert not killed.exists() and live.is_dir()
+        raise RuntimeError("checked")
+
+    with pytest.raises(RuntimeError, match="checked"):
+        ProgramCache(tmp_path).load_or_build({"k": 2}, build, CPU)
+    assert sorted(p.name for p in tmp_path.glob("staging-*")) == [live.name]
+
+
 def test_prompt_buckets_cover_every_length():
     assert prompt_buckets(48) == (16, 24, 48)
     assert prompt_buckets(200) == (56, 104, 200)

@@ -91,3 +91,19 @@ def test_saved_checkpoint_loads_and_acts_like_the_trained_module(tmp_path):
     direct = PolicyRuntime(model, 10, torch.device('cpu')).sample(pre(obs), torch.from_numpy(noise))
     expected = Normalizer('MEAN_STD', stats).unnormalize(direct.numpy())
     np.testing.assert_allclose(loaded, expected, atol=1e-5)
+
+
+def test_every_visited_state_is_labelled_toward_each_block():
+    """Instruction relabelling: the same image and joints, one sample per block, each toward its own block."""
+    env = TouchEnv()
+    demos = collect(env, 3, 10, seed=0, progress=False)
+    n = env.task.num_blocks
+    assert len(demos) % n == 0
+    for first in range(0, len(demos), n):
+        rows = range(first, first + n)
+        assert all(np.array_equal(demos.images[r], demos.images[first]) for r in rows)
+        assert all(np.array_equal(demos.states[r], demos.states[first]) for r in rows)
+        tasks = {demos.instructions[demos.task_index[r]] for r in rows}
+        assert len(tasks) == n                                       # every block named once
+        ends = np.stack([demos.actions[r][-1] for r in rows])
+        assert len({tuple(np.round(e, 6)) for e in ends}) == n       # and each plan goes elsewhere

@@ -193,22 +193,35 @@ def write_vlm_folder(folder: Path, vlm: dict, image_seq_len: int) -> None:
         {"image_seq_len": image_seq_len, "processor_class": "SmolVLMProcessor"}))
 
 
-def write_processors(folder: Path, tokenizer_name: str, max_length: int, padding: str) -> None:
-    """Write LeRobot pre/post-processor files with identity statistics (mean 0, std 1)."""
+def write_processors(folder: Path, tokenizer_name: str, max_length: int, padding: str, features: dict) -> None:
+    """
+    Write LeRobot 0.4.4's SmolVLA pre/post-processor files as it saves them, with identity statistics.
+
+    ``features`` is the config's input and output features: LeRobot's normalizer steps need
+    them to run its whole raw-observation path in the bench's comparison.
+    """
     stats = {"mean": np.zeros(STATE_DIM, np.float32), "std": np.ones(STATE_DIM, np.float32)}
     norm_map = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
     pre_file = "policy_preprocessor_step_5_normalizer_processor.safetensors"
     post_file = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
     save_numpy({f"observation.state.{k}": v for k, v in stats.items()}, str(folder / pre_file))
     save_numpy({f"action.{k}": v for k, v in stats.items()}, str(folder / post_file))
+    device = {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}
     (folder / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "smolvla_new_line_processor", "config": {}},
         {"registry_name": "tokenizer_processor",
-         "config": {"tokenizer_name": tokenizer_name, "max_length": max_length, "padding": padding}},
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "norm_map": norm_map},
-         "state_file": pre_file}]}))
+         "config": {"max_length": max_length, "task_key": "task", "padding_side": "right", "padding": padding,
+                    "truncation": True, "tokenizer_name": tokenizer_name}},
+        device,
+        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": norm_map},
+         "state_file": pre_file}]}, indent=2))
     (folder / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor", "config": {"eps": 1e-8, "norm_map": norm_map},
-         "state_file": post_file}]}))
+        {"registry_name": "unnormalizer_processor",
+         "config": {"eps": 1e-8, "features": {"action": features["action"]}, "norm_map": norm_map},
+         "state_file": post_file},
+        device]}, indent=2))
 
 
 def save_random_checkpoint(folder: Path, name: str, cameras: int, seed: int = 0, dtype: str = "float32",
@@ -238,7 +251,8 @@ def save_random_checkpoint(folder: Path, name: str, cameras: int, seed: int = 0,
     t1 = time.perf_counter()
     save_file(to_lerobot_keys(model.state_dict()), str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    write_processors(folder, VLM_DIR, cfg["tokenizer_max_length"], cfg["pad_language_to"])
+    write_processors(folder, VLM_DIR, cfg["tokenizer_max_length"], cfg["pad_language_to"],
+                     {**cfg["input_features"], **cfg["output_features"]})
     if info is not None:
         info.update(build_s=t1 - t0, save_s=time.perf_counter() - t1, dtype="float32",
                     file_bytes=(folder / "model.safetensors").stat().st_size,

@@ -241,20 +241,27 @@ def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int, batch
 
 
 def worker_inputs(policy: Policy, obs: dict, noise: np.ndarray, path: Path) -> ModelInputs:
-    """Save what LeRobot's ``predict_action_chunk`` takes (after its pre-processor) for the same observation."""
+    """
+    Save the same observation for LeRobot: raw (``raw.*``, tasks in the metadata) for its whole
+    path, and as its ``predict_action_chunk`` takes it after its pre-processor (``batch.*``).
+    """
     inputs = policy.preprocessor(obs)
 
     def frames(arr: np.ndarray) -> torch.Tensor:            # (B, 3, H, W) float in [0, 1]
         arr = arr if arr.ndim == 4 else arr[None]
         return torch.from_numpy(arr).permute(0, 3, 1, 2).float().div(255.0).contiguous()
-    tensors = {f"batch.{name}": frames(obs["images"][name]) for name in policy.camera_names}
+    images = {name: frames(obs["images"][name]) for name in policy.camera_names}
+    tensors = {f"{kind}.{name}": t.clone() for kind in ("batch", "raw") for name, t in images.items()}
     state = np.asarray(obs["state"], np.float32)
-    state = policy.preprocessor.state_normalizer.normalize(state if state.ndim == 2 else state[None])
-    tensors["batch.observation.state"] = torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32))
+    state = state if state.ndim == 2 else state[None]
+    tensors["raw.observation.state"] = torch.from_numpy(np.ascontiguousarray(state))
+    normalized = policy.preprocessor.state_normalizer.normalize(state)
+    tensors["batch.observation.state"] = torch.from_numpy(np.ascontiguousarray(normalized, dtype=np.float32))
     tensors["batch.observation.language.tokens"] = inputs.tokens
     tensors["batch.observation.language.attention_mask"] = inputs.token_mask
     tensors["noise"] = torch.from_numpy(noise)
-    save_file(tensors, str(path))
+    tasks = [obs["task"]] if isinstance(obs["task"], str) else list(obs["task"])
+    save_file(tensors, str(path), metadata={"tasks": json.dumps(tasks)})
     return inputs
 
 
@@ -405,6 +412,9 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
             ours = policy.runtime.sample(inputs, noise)[..., :policy.action_dim].float().cpu()
             lerobot["max_abs_diff"] = float((ours - theirs["actions"]).abs().max())
             lerobot["max_abs_action"] = float(theirs["actions"].abs().max())
+            ours_raw = torch.as_tensor(policy.predict_action_chunk(obs, noise=noise_np)).float().reshape(
+                theirs["pipeline_actions"].shape)
+            lerobot["pipeline_max_abs_diff"] = float((ours_raw - theirs["pipeline_actions"]).abs().max())
 
         for i in range(args.warmup):
             policy.predict_action_chunk(obs, noise=noise_np)
@@ -416,6 +426,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         steps = StepTimer(policy)
         samples: dict[str, list[float]] = {s: [] for s in STAGES if s != "denoise_step"}
         theirs_s: list[float] = []
+        pipeline_s: list[float] = []          # LeRobot's pre-processor + predict_action_chunk + post-processor
         rss_start, peak_load = rss_mib(), peak_rss_mib()
         reset_peak_rss()
         for i in range(args.iters):
@@ -426,6 +437,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
             if worker is not None:
                 reply = worker.request("run")
                 theirs_s.append(reply["seconds"])
+                pipeline_s.append(reply["pipeline_seconds"])
                 lerobot["peak_rss_mib"] = reply["peak_rss_mib"]
                 msg += f", LeRobot {1e3 * reply['seconds']:.1f} ms"
             progress(msg)
@@ -437,7 +449,9 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
             ours_total = np.asarray(samples["total"])
             pairs = np.asarray(theirs_s) / ours_total
             lerobot.update(**summarize(theirs_s), speedup=float(np.median(pairs)),
-                           speedup_of_medians=float(np.median(theirs_s) / np.median(ours_total)))
+                           speedup_of_medians=float(np.median(theirs_s) / np.median(ours_total)),
+                           pipeline=summarize(pipeline_s),
+                           pipeline_speedup=float(np.median(np.asarray(pipeline_s) / ours_total)))
         naive = naive_ratio(policy, inputs, noise, args.naive_iters, stages) if args.naive_iters else None
         read_per_step = step_bytes(policy, inputs, noise)
     finally:
@@ -548,6 +562,10 @@ def table(result: dict) -> str:
                      f"p95 {lr['p95_ms']:.1f} ms -> ours is {lr['speedup']:.2f}x faster (paired median; "
                      f"{lr['speedup_of_medians']:.2f}x of medians); max |action diff| {lr['max_abs_diff']:.1e}, "
                      f"peak RSS {lr['peak_rss_mib']:.0f} MiB")
+        pl = lr["pipeline"]
+        lines.append(f"LeRobot pre-processor + predict_action_chunk + post-processor: median {pl['median_ms']:.1f} ms "
+                     f"-> ours is {lr['pipeline_speedup']:.2f}x faster (paired median, same raw observation); "
+                     f"max |action diff| {lr['pipeline_max_abs_diff']:.1e}")
     else:
         lines.append(f"LeRobot: not measured: {lr.get('reason', 'no iterations')}")
     return "\n".join(lines)

@@ -8,7 +8,8 @@ torch version and the CPU/GPU kind. Its ``manifest.json`` repeats the whole key 
 SHA-256 of every file. An entry whose manifest is missing, unreadable, written for
 another key (a foreign entry), or whose files do not hash to the manifest (a corrupt or
 tampered one) is deleted and rebuilt, never loaded. Entries are built in a staging folder
-inside the cache and renamed into place, so a crash leaves no half-written entry.
+inside the cache and renamed into place, so a crash leaves no half-written entry; a
+staging folder whose process died (a compile killed mid-build) is removed at the next build.
 
 On the CPU the entry holds the compiled shared library itself, which is loaded where it
 lies: nothing is unpacked into the system temp folder. The compiler's own caches
@@ -102,6 +103,17 @@ def key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class LoadedProgram:
     """A compiled shared library called like the module it was exported from (flat tensors in, pytree out)."""
 
@@ -176,13 +188,27 @@ class ProgramCache:
             log.warning("compile cache entry %s rebuilt: %s", folder, problem)
             shutil.rmtree(folder, ignore_errors=True)
             self.stats.rebuilt += 1
+        self.prune_staging()
         self._build(folder, key, build, device)
         self.stats.built += 1
         return self._load(folder, device)
 
+    def prune_staging(self) -> list[Path]:
+        """Remove the staging folders of processes that no longer run (killed mid-build); returns them."""
+        removed = []
+        for staging in self.root.glob("staging-*"):
+            pid = staging.name.split("-")[1]
+            if pid.isdigit() and process_alive(int(pid)):
+                continue                          # another process is building there now
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+        if removed:
+            log.info("compile cache: removed %d staging folder(s) left by killed builds", len(removed))
+        return removed
+
     def _build(self, folder: Path, key: dict, build: Callable[[Path], None], device: torch.device) -> None:
         point_compiler_caches_at(self.root)           # only here: loading needs no compiler (nor its import)
-        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
+        staging = Path(tempfile.mkdtemp(prefix=f"staging-{os.getpid()}-", dir=self.root))
         try:
             package = staging / "program.pt2"
             build(package)

@@ -7,18 +7,24 @@ half from a random pose. The executed actions get a little Gaussian noise (DART-
 so the data covers states slightly off the expert's path, while every label is the
 clean expert plan from the state actually visited. A few hold steps after the touch
 teach the policy to stay on the block.
+
+Every visited state is recorded once per block on the table, each time with that
+block's instruction and the expert's plan toward it (instruction relabelling). The
+image and joints then say nothing about which block is wanted, so only the
+instruction can: without it, a small policy learns "reach the block the arm is
+already heading for" and picks the wrong one on a third of unseen layouts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tqdm import tqdm
 
 from ..sim.env import CAMERA_NAME, TouchEnv
 from ..sim.expert import ScriptedExpert
-from ..sim.task import Scene
+from ..sim.task import INSTRUCTION, Scene
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ def expert_plan(expert: ScriptedExpert, scene: Scene, q: np.ndarray, chunk: int)
 
 def collect(env: TouchEnv, episodes: int, chunk: int, seed: int, action_noise: float = 0.03,
             hold_steps: int = 5, progress: bool = True) -> Demonstrations:
-    """Run the expert for ``episodes`` episodes and record every step."""
+    """Run the expert for ``episodes`` episodes; record every step once per block, the executed one first."""
     if episodes < 1 or chunk < 1:
         raise ValueError(f"episodes and chunk must be >= 1, got {episodes}, {chunk}")
     rng = np.random.default_rng(seed)
@@ -56,14 +62,17 @@ def collect(env: TouchEnv, episodes: int, chunk: int, seed: int, action_noise: f
     instructions: dict[str, int] = {}
     for episode in tqdm(range(episodes), desc="demonstrations", disable=not progress, unit="ep"):
         obs = env.reset(rng, keep_pose=episode > 0 and rng.random() < 0.5)
-        task = instructions.setdefault(obs["task"], len(instructions))
+        scene = env.scene
+        relabelled = [scene, *(replace(scene, target=b.colour) for b in scene.blocks if b.colour != scene.target)]
         hold = 0
         while hold <= hold_steps and env.steps < env.max_steps:
-            plan = expert_plan(expert, env.scene, env.q, chunk)
-            images.append(obs["images"][CAMERA_NAME])
-            states.append(env.q.astype(np.float32))
-            actions.append(plan.astype(np.float32))
-            tasks.append(task)
+            plans = [expert_plan(expert, target, env.q, chunk) for target in relabelled]
+            for target, plan in zip(relabelled, plans):
+                images.append(obs["images"][CAMERA_NAME])
+                states.append(env.q.astype(np.float32))
+                actions.append(plan.astype(np.float32))
+                tasks.append(instructions.setdefault(INSTRUCTION.format(colour=target.target), len(instructions)))
+            plan = plans[0]
             noisy = plan[0] + rng.normal(0.0, action_noise, plan[0].shape) * (hold == 0)
             obs, success, _ = env.step(noisy)
             hold += success
