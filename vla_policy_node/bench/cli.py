@@ -242,8 +242,10 @@ def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int, batch
 
 def worker_inputs(policy: Policy, obs: dict, noise: np.ndarray, path: Path) -> ModelInputs:
     """
-    Save the same observation for LeRobot: raw (``raw.*``, tasks in the metadata) for its whole
-    path, and as its ``predict_action_chunk`` takes it after its pre-processor (``batch.*``).
+    Save the same observation for LeRobot, raw and as its model takes it.
+
+    ``raw.*`` (with the tasks in the metadata) feeds its whole path, ``batch.*`` its
+    ``predict_action_chunk`` as its pre-processor would leave it.
     """
     inputs = policy.preprocessor(obs)
 

@@ -227,14 +227,24 @@ class SmolVLA(nn.Module):
 
     # ------------------------------------------------------------------ prefix
     def embed_prefix(self, inputs: ModelInputs) -> tuple[Tensor, Tensor, Tensor]:
-        """-> embeddings (B, Lp, W), pad mask (B, Lp) bool, ar mask (B, Lp) int."""
-        b = inputs.batch_size
+        """
+        -> embeddings (B, Lp, W), pad mask (B, Lp) bool, ar mask (B, Lp) int.
+
+        All cameras go through the vision tower as one batch of n_cameras * B (one pass
+        instead of one per camera: the same numbers, half the time at three cameras).
+        """
+        b, n_cam = inputs.batch_size, len(inputs.images)
         embs, pads, ars = [], [], []
-        for image, valid in zip(inputs.images, inputs.image_masks):
-            feats = self.connector(self.vision(image.to(self.dtype), self.vision_position_ids, self.backend))
-            embs.append(feats * torch.tensor(feats.shape[-1] ** 0.5, dtype=feats.dtype))
-            pads.append(valid[:, None].expand(b, feats.shape[1]))
-            ars.append(torch.zeros(b, feats.shape[1], dtype=torch.long, device=feats.device))
+        cameras: list[Tensor] = []
+        if n_cam:
+            pixels = torch.cat(inputs.images, dim=0).to(self.dtype)             # (n_cam * B, 3, S, S)
+            feats = self.connector(self.vision(pixels, self.vision_position_ids, self.backend))
+            feats = feats * torch.tensor(feats.shape[-1] ** 0.5, dtype=feats.dtype)
+            cameras = list(feats.view(n_cam, b, *feats.shape[1:]))
+        for camera, valid in zip(cameras, inputs.image_masks):
+            embs.append(camera)                                                  # (B, n_img, W)
+            pads.append(valid[:, None].expand(b, camera.shape[1]))
+            ars.append(torch.zeros(b, camera.shape[1], dtype=torch.long, device=camera.device))
         lang = self.embed_tokens(inputs.tokens)
         embs.append(lang * math.sqrt(lang.shape[-1]))
         pads.append(inputs.token_mask)
