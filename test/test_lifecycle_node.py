@@ -154,3 +154,38 @@ def test_an_unconfigured_lifecycle_node_ticks_nothing_and_stops_cleanly():
     finally:
         node.destroy_node()
         rclpy.try_shutdown(context=context)
+
+
+def test_configure_is_not_mistaken_for_a_dead_inference_thread(monkeypatch):
+    """
+    ``main`` polls ``inference_alive`` while configure runs; a worker loaded but not yet started must count as alive.
+
+    Creating the topics after loading took long enough on a loaded CI machine for ``main`` to see
+    the fresh, unstarted thread as dead and exit the node right after configure succeeded.
+    """
+    import rclpy
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from ros_harness import RANDOM_WEIGHTS_ARGS
+    from vla_policy_node.ros.lifecycle_node import VlaPolicyLifecycleNode
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    node = VlaPolicyLifecycleNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
+    seen = []
+    wire = node._wire
+
+    def observed_wire():
+        seen.append((node._worker is not None and not node._worker.alive, node.inference_alive))
+        wire()
+
+    monkeypatch.setattr(node, '_wire', observed_wire)
+    try:
+        assert node.on_configure(None) == TransitionCallbackReturn.SUCCESS
+        assert seen == [(True, True)]          # loaded, not started, and still "alive" to main
+        assert node.inference_alive and node._worker.alive
+        node.on_cleanup(None)
+        assert node.inference_alive and node._worker is None
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)

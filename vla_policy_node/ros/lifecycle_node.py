@@ -41,6 +41,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         LifecycleNode.__init__(self, NODE_NAME, **node_options)
         self._declare(node_options)
         self._active = False
+        self._inference_started = False     # configure has started the inference thread
         self._activated_ns = 0          # wall clock (ns) of the last activation
         self._wired: dict[str, list] = {}
         self.get_logger().info('unconfigured: configure loads the policy, activate commands')
@@ -53,6 +54,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
             self._load()
             self._wire()
             self._worker.start()
+            self._inference_started = True
         except (PolicyLoadError, ParameterError, ValueError) as error:
             self.get_logger().error(f'configure failed: {error}')
             self._wired = {kind: [e for e in getattr(self, kind) if e not in before[kind]]
@@ -107,6 +109,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
 
     def _free(self) -> None:
         self._active = False
+        self._inference_started = False
         if self._worker is not None:
             self._worker.stop(timeout=2.0)
         if self._joint_states is not None:
@@ -153,8 +156,15 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
     # ------------------------------------------------------------------ shutdown
     @property
     def inference_alive(self) -> bool:
-        """Tell whether the inference thread runs, or none is needed (not configured)."""
-        return self._worker is None or self._worker.alive
+        """
+        Tell whether the inference thread runs, or none is needed yet.
+
+        ``main`` polls this from its own thread while configure runs in the executor's:
+        between loading the worker and starting it (creating the topics takes a while on
+        a loaded machine), a not-yet-started thread is not a dead one.
+        """
+        worker = self._worker
+        return not self._inference_started or worker is None or worker.alive
 
     def stop(self) -> bool:
         """On SIGINT/SIGTERM: hold if active, then stop inference; whether it has finished."""
