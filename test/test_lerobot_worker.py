@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""bench/lerobot_worker.py's pipe protocol, driven with a stand-in ``lerobot`` package (the real one is in .venv-lerobot)."""
+"""bench/lerobot_worker.py: its pipe protocol, with a stand-in ``lerobot`` package (the real one needs LeRobot)."""
 
 import json
 from pathlib import Path
