@@ -78,15 +78,11 @@ demo: install
 	    -p episodes:=$(DEMO_EPISODES) -p record_prefix:=demo_episode --log-level WARN; status=$$?; \
 	kill -TERM $$node; wait $$node; exit $$status
 
-# Retrain the shipped policy from scripted demonstrations, seeded, in two runs of 10,000 steps
-# (the second continues the first on new layouts at half the learning rate; each is about
-# 14 minutes with 1 torch thread, see BENCHMARKS.md "Task success").
+# Retrain the shipped policy from scripted demonstrations, seeded: vla-policy-train's defaults,
+# 10,000 steps of batch 64 over two data-parallel workers of one core each, about 14 minutes
+# (BENCHMARKS.md "Task success").
 train: install
-	$(VENV)/bin/vla-policy-train --output out/touch_policy_stage1 --threads 1
-	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/touch_policy --init-from out/touch_policy_stage1 \
-	    --seed 1 --steps 10000 --lr 5e-4 --warmup-steps 100 --threads 1
-	cp out/touch_policy_stage1/train_summary.json vla_policy_node/sim/touch_policy/stage1_train_summary.json
-	cp out/touch_policy_stage1/loss_curve.png vla_policy_node/sim/touch_policy/stage1_loss_curve.png
+	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/touch_policy
 
 test: install
 	$(PYTHON) -m pytest test -q

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Training pieces: LeRobot's time sampling and loss, and the checkpoint layout load_policy reads back."""
 
+import json
+
 import numpy as np
 import torch
 from safetensors import safe_open
@@ -13,7 +15,8 @@ from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.core.tokenizer import TextTokenizer
 from vla_policy_node.models import load_policy
 from vla_policy_node.sim.env import TouchEnv
-from vla_policy_node.train import export
+from vla_policy_node.train import data_parallel, export
+from vla_policy_node.train.cli import main as train_main
 from vla_policy_node.train.cli import VOCABULARY, TrainConfig, policy_configs
 from vla_policy_node.train.demonstrations import collect
 from vla_policy_node.train.flow_matching import flow_matching_loss, sample_noise, sample_time
@@ -107,3 +110,46 @@ def test_every_visited_state_is_labelled_toward_each_block():
         assert len(tasks) == n                                       # every block named once
         ends = np.stack([demos.actions[r][-1] for r in rows])
         assert len({tuple(np.round(e, 6)) for e in ends}) == n       # and each plan goes elsewhere
+
+
+def one_step(worker, tmp_path):
+    """One AdamW step of the small model on this worker's share of a fixed batch of 8; saves the weights."""
+    env, model, stats = small_model(tmp_path / f'rank{worker.rank}')
+    demos = collect(env, 2, 10, seed=0, progress=False)
+    pre = Preprocessor(
+        camera_names=('observation.images.top',), image_size=(48, 48), image_transform=smolvla_image(48, 48),
+        tokenizer=TextTokenizer(tmp_path / f'rank{worker.rank}' / 'vlm' / 'tokenizer.json'), max_length=8,
+        padding='max_length', prompt=newline_prompt, state_normalizer=Normalizer('MEAN_STD', stats),
+        state_dim=3, max_state_dim=3)
+    idx = np.array_split(np.arange(8), worker.world)[worker.rank]
+    inputs = pre({'images': {'top': demos.images[idx]}, 'state': demos.states[idx],
+                  'task': [demos.instructions[i] for i in demos.task_index[idx]]})
+    torch.manual_seed(1)
+    noise, time = sample_noise((8, 10, 3))[idx], sample_time(8)[idx]
+    actions = torch.from_numpy(Normalizer('MEAN_STD', stats).normalize(demos.actions[idx]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = flow_matching_loss(model, inputs, actions, noise, time)
+    loss.backward()
+    mean_loss = data_parallel.average_gradients(model.parameters(), loss, worker)
+    optimizer.step()
+    torch.save({'loss': mean_loss, 'weights': model.state_dict()}, tmp_path / f'step{worker.rank}.pt')
+
+
+def test_two_workers_on_half_batches_take_the_step_of_one_on_the_whole_batch(tmp_path):
+    """Data-parallel training: gradients averaged over two processes equal the whole batch's."""
+    data_parallel.run(one_step, 2, tmp_path / 'parallel')
+    one_step(data_parallel.Worker(), tmp_path / 'single')
+    single = torch.load(tmp_path / 'single' / 'step0.pt')
+    for rank in (0, 1):
+        parallel = torch.load(tmp_path / 'parallel' / f'step{rank}.pt')
+        assert abs(parallel['loss'] - single['loss']) < 1e-6
+        for name, tensor in single['weights'].items():
+            torch.testing.assert_close(parallel['weights'][name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_the_training_command_with_two_workers_writes_a_checkpoint_that_loads(tmp_path):
+    assert train_main(['--output', str(tmp_path / 'policy'), '--workers', '2', '--steps', '4', '--episodes', '2',
+                       '--batch-size', '4', '--warmup-steps', '1', '--eval-episodes', '1']) == 0
+    summary = json.loads((tmp_path / 'policy' / 'train_summary.json').read_text())
+    assert summary['config']['workers'] == 2 and summary['threads'] == 1
+    assert load_policy(tmp_path / 'policy', device='cpu').family == 'smolvla'

@@ -2,7 +2,7 @@
 """
 vla-policy-train: train the shipped table-top policy from scripted demonstrations, on a CPU.
 
-    vla-policy-train --output /tmp/touch_policy            # about 12 minutes on 2 cores
+    vla-policy-train --output /tmp/touch_policy            # the shipped policy: about 14 minutes on 2 cores
     vla-policy-train --output /tmp/quick --steps 200 --episodes 100   # a smoke run
 
 The network is the runtime's own SmolVLA at a small size (a 2-layer ViT, a 4-layer
@@ -37,7 +37,8 @@ from ..core.weights import load_weights, prefix_key_map
 from ..sim.env import CAMERA_NAME, TouchEnv
 from ..sim.rollout import evaluate, policy_chunk_fn, success_rate
 from ..sim.task import COLOURS
-from . import export
+from . import data_parallel, export
+from .data_parallel import Worker
 from .demonstrations import Demonstrations, collect
 from .flow_matching import flow_matching_loss, sample_noise, sample_time
 
@@ -52,7 +53,7 @@ class TrainConfig:
     seed: int = 0
     episodes: int = 3000
     steps: int = 10000
-    batch_size: int = 32
+    batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 300
     final_lr_fraction: float = 0.05
@@ -62,11 +63,14 @@ class TrainConfig:
     num_steps: int = 10                   # Euler steps at inference
     eval_episodes: int = 50
     init_from: str = ""                   # a checkpoint to continue from (its weights and statistics)
+    workers: int = 2                      # data-parallel processes; each draws batch_size / workers samples
 
     def __post_init__(self) -> None:
-        for name in ("episodes", "steps", "batch_size", "chunk_size", "num_steps"):
+        for name in ("episodes", "steps", "batch_size", "chunk_size", "num_steps", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.workers:
+            raise ValueError(f"batch_size {self.batch_size} does not split over {self.workers} workers")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
@@ -121,10 +125,19 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(cfg: TrainConfig, output: Path, progress: bool = True) -> dict:
-    """Collect demonstrations, train, save the checkpoint and evaluate it; returns the summary."""
+def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker = Worker()) -> dict:
+    """
+    Collect demonstrations, train, save the checkpoint and evaluate it; returns the summary.
+
+    With several workers each one runs this, on the same demonstrations (same seed) with its
+    own batches and noise; rank 0 alone writes files and returns the summary (the others {}).
+    """
+    if worker.world != cfg.workers:
+        raise ValueError(f"the config is for {cfg.workers} workers, this is one of {worker.world} "
+                         "(start several through data_parallel.run)")
     started = time.monotonic()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + 1_000_003 * worker.rank)
+    progress = progress and worker.leader
     env = TouchEnv()
     demos = collect(env, cfg.episodes, cfg.chunk_size, cfg.seed, progress=progress)
     tokenizer = export.word_tokenizer(VOCABULARY)
@@ -139,8 +152,11 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True) -> dict:
     else:
         state_stats, action_stats = mean_std(demos.states), mean_std(demos.actions)
         init_weights(model, torch.Generator().manual_seed(cfg.seed))
+    data_parallel.broadcast_parameters(model, worker)
     # The checkpoint's files exist from the start: the tokenizer is read back as inference reads it.
-    export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
+    if worker.leader:
+        export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
+    data_parallel.synchronise(worker)
     preprocessor = Preprocessor(
         camera_names=model_cfg.camera_names, image_size=model_cfg.image_size,
         image_transform=smolvla_image(*model_cfg.image_size),
@@ -149,7 +165,9 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True) -> dict:
         state_normalizer=Normalizer("MEAN_STD", state_stats), state_dim=model_cfg.state_dim,
         max_state_dim=model_cfg.max_state_dim)
     action_norm = Normalizer("MEAN_STD", action_stats)
-    losses = optimise(cfg, model, preprocessor, action_norm, demos, progress)
+    losses = optimise(cfg, model, preprocessor, action_norm, demos, progress, worker)
+    if not worker.leader:
+        return {}
     export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
     train_seconds = time.monotonic() - started
     policy = load_policy(output, device="cpu")
@@ -167,29 +185,30 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True) -> dict:
 
 
 def optimise(cfg: TrainConfig, model: SmolVLA, preprocessor: Preprocessor, action_norm: Normalizer,
-             demos: Demonstrations, progress: bool) -> list[float]:
-    """Run the AdamW loop over random batches; returns the loss of every step."""
+             demos: Demonstrations, progress: bool, worker: Worker = Worker()) -> list[float]:
+    """Run the AdamW loop over random batches; returns the loss of every step (averaged over the workers)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=cfg.weight_decay)
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(cfg.seed if worker.leader else (cfg.seed, worker.rank))
+    batch = cfg.batch_size // cfg.workers
     actions = action_norm.normalize(demos.actions)                     # (N, chunk, J)
     losses: list[float] = []
     model.train()
     bar = tqdm(range(cfg.steps), desc="training", disable=not progress, unit="step")
     for step in bar:
-        idx = rng.integers(0, len(demos), cfg.batch_size)
+        idx = rng.integers(0, len(demos), batch)
         inputs = preprocessor({"images": {demos.camera: demos.images[idx]}, "state": demos.states[idx],
                                "task": [demos.instructions[i] for i in demos.task_index[idx]]})
         target = torch.from_numpy(actions[idx])
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(cfg, step)
         loss = flow_matching_loss(model, inputs, target, sample_noise(tuple(target.shape)),
-                                  sample_time(cfg.batch_size))
+                                  sample_time(batch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        losses.append(data_parallel.average_gradients(model.parameters(), loss, worker))
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
         optimizer.step()
-        losses.append(loss.item())
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-100:]):.4f}", lr=f"{learning_rate(cfg, step):.1e}")
     model.eval()
@@ -226,18 +245,32 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("seed", "episodes", "steps", "batch_size", "warmup_steps", "eval_episodes"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--workers", type=int, default=defaults.workers,
+                        help="data-parallel processes of 1 torch thread each (at most one per core)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (with --workers 1)")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="continue from this checkpoint (its weights and normalization statistics)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = TrainConfig(seed=args.seed, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
-                      lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps), eval_episodes=args.eval_episodes,
-                      init_from=str(args.init_from.resolve()) if args.init_from else "")
-    summary = train(cfg, args.output)
+    try:
+        cfg = TrainConfig(seed=args.seed, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
+                          lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps),
+                          eval_episodes=args.eval_episodes, workers=args.workers,
+                          init_from=str(args.init_from.resolve()) if args.init_from else "")
+    except ValueError as error:
+        parser.error(str(error))
+    if cfg.workers > 1:
+        data_parallel.run(_train_worker, cfg.workers, cfg, args.output)
+        summary = json.loads((args.output / "train_summary.json").read_text())
+    else:
+        torch.set_num_threads(args.threads)
+        summary = train(cfg, args.output)
     print(json.dumps(summary, indent=2))
     print(f"checkpoint: {args.output}  loss curve: {args.output / 'loss_curve.png'}")
     return 0
+
+
+def _train_worker(worker: Worker, cfg: TrainConfig, output: Path) -> None:
+    train(cfg, output, worker=worker)
 
 
 if __name__ == "__main__":
