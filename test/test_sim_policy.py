@@ -17,7 +17,7 @@ from rclpy.parameter import Parameter
 from ros_harness import DEFAULT_CONFIG, NodeProcess, next_domain_id, ros_env
 
 from vla_policy_node.models import load_policy
-from vla_policy_node.ros.sim_robot import SimRobot
+from vla_policy_node.ros.sim_robot import EpisodeReport, format_report, SimRobot
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
@@ -82,3 +82,15 @@ def test_closed_loop_episodes_through_the_node_succeed(monkeypatch):
         robot.destroy_node()
         rclpy.try_shutdown(context=context)
         node.kill()
+
+
+def test_episode_line_says_what_was_not_measured_instead_of_nan():
+    report = EpisodeReport(instruction='touch the red block', sent='touch the red block', success=True,
+                           steps=10, first_command_ms=49.04, policy_p50_ms=float('nan'))
+    line = format_report(1, 10, report)
+    assert 'nan' not in line and 'first command   49.0 ms' in line and 'policy p50 not reported yet' in line
+    silent = EpisodeReport(instruction='touch the red block', sent='touch the blue block', success=False,
+                           steps=100, first_command_ms=float('nan'), policy_p50_ms=17.61)
+    line = format_report(2, 10, silent)
+    assert "(sent 'touch the blue block') failure" in line
+    assert 'first command   none' in line and 'policy p50 17.6 ms' in line

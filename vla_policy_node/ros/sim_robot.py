@@ -215,9 +215,12 @@ class SimRobot(Node):
 def format_report(index: int, total: int, report: EpisodeReport) -> str:
     """One line per episode, for a person."""
     blind = '' if report.sent == report.instruction else f' (sent {report.sent!r})'
+    # No command in the episode, or no /diagnostics yet (the node reports once per period).
+    first = f'{report.first_command_ms:6.1f} ms' if np.isfinite(report.first_command_ms) else '  none'
+    p50 = f'{report.policy_p50_ms:.1f} ms' if np.isfinite(report.policy_p50_ms) else 'not reported yet'
     return (f'episode {index:>3}/{total}: {report.instruction!r:<26}{blind} '
             f"{'SUCCESS' if report.success else 'failure'}  steps {report.steps:>3}  "
-            f'first command {report.first_command_ms:6.1f} ms  policy p50 {report.policy_p50_ms:.1f} ms')
+            f'first command {first}  policy p50 {p50}')
 
 
 def main(args: list[str] | None = None) -> int:
