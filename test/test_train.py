@@ -16,8 +16,7 @@ from vla_policy_node.core.tokenizer import TextTokenizer
 from vla_policy_node.models import load_policy
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.train import data_parallel, export
-from vla_policy_node.train.cli import main as train_main
-from vla_policy_node.train.cli import VOCABULARY, TrainConfig, policy_configs
+from vla_policy_node.train.cli import main as train_main, policy_configs, TrainConfig, VOCABULARY
 from vla_policy_node.train.demonstrations import collect
 from vla_policy_node.train.flow_matching import flow_matching_loss, sample_noise, sample_time
 
