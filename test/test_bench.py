@@ -43,6 +43,7 @@ def test_bench_against_lerobot(tmp_path):
     r = run_bench(tmp_path, "--naive-iters", "0")
     lr = r["lerobot"]
     assert lr["available"] and lr["n"] == 2 and lr["speedup"] > 0
+    assert lr["rounds"] == 2                          # --iters 2: two blocks of one chunk each, alternating
     assert lr["max_abs_diff"] < 1e-5                  # same weights, inputs and noise as LeRobot
     # LeRobot's whole path from the raw observation (its saved processors) gives the same actions.
     assert lr["pipeline_max_abs_diff"] < 1e-5 and lr["pipeline"]["n"] == 2 and lr["pipeline_speedup"] > 0

@@ -7,9 +7,11 @@ One run measures, after warm-up and on the same weights and inputs:
   total) median / p95 / max, and peak memory;
 - the cached path against the naive one that recomputes the prefix at every
   denoising step (alternating), with the theoretical ratio from FLOP counts;
-- LeRobot 0.4.4's own ``predict_action_chunk`` (alternating iterations with ours,
-  so machine drift cancels), run from ``.venv-lerobot`` as a subprocess
-  (``lerobot_worker.py``), and the largest action difference at equal noise.
+- LeRobot 0.4.4's own ``predict_action_chunk`` and whole path, run from ``.venv-lerobot``
+  as a subprocess (``lerobot_worker.py``): blocks of its chunks and ours alternate
+  ``--rounds`` times, each block after an idle pause, so that machine drift cancels and
+  neither process runs while the other's threads still spin; and the largest action
+  difference at equal noise.
 
 Named configurations (``tiny``, ``smolvla``, ``pi0``) are random-weight models saved as
 LeRobot checkpoints in a temporary folder (see ``checkpoints``); ``--checkpoint``
@@ -338,6 +340,20 @@ def step_bytes(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dict
     return {"weights": sum(touched.values()), "kv_cache": kv}
 
 
+SETTLE_S = 0.05
+"""
+Idle time before each side's block of chunks. An OpenMP worker thread spins for about
+9 ms after a parallel region (measured here: an idle process burns 8.8 ms of CPU in the
+100 ms after one 2-thread matmul); without this pause that spinning takes a core from
+the process timed next.
+"""
+
+
+def settle() -> None:
+    """Wait until the other process's OpenMP threads have stopped spinning (see ``SETTLE_S``)."""
+    time.sleep(SETTLE_S)
+
+
 def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters: int,
                 stages: dict) -> dict:
     """Time cached vs naive (prefix recomputed every step), alternating; measured and theoretical ratios."""
@@ -370,6 +386,7 @@ def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters:
 
 def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict] = None,
         estimate: Optional[checkpoints.MemoryEstimate] = None) -> dict:
+    threads = torch.get_num_threads()         # the budget; the warm-up may keep fewer (``threads_used``)
     peak_since_load = reset_peak_rss()
     t_load = time.perf_counter()
     policy = load_policy(folder, device=args.device, dtype=args.dtype, pack_weights=not args.no_pack)
@@ -418,6 +435,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
                 theirs["pipeline_actions"].shape)
             lerobot["pipeline_max_abs_diff"] = float((ours_raw - theirs["pipeline_actions"]).abs().max())
 
+        policy.warmup(obs)                    # as the node does: compiled/eager and thread-count races
         for i in range(args.warmup):
             policy.predict_action_chunk(obs, noise=noise_np)
             if worker is not None:
@@ -431,18 +449,32 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         pipeline_s: list[float] = []          # LeRobot's pre-processor + predict_action_chunk + post-processor
         rss_start, peak_load = rss_mib(), peak_rss_mib()
         reset_peak_rss()
-        for i in range(args.iters):
-            policy.predict_action_chunk(obs, noise=noise_np)
-            for stage in samples:
-                samples[stage].append(policy.stats.timings[stage][-1])
-            msg = f"iter {i + 1}/{args.iters}: total {1e3 * samples['total'][-1]:.1f} ms"
+        rounds = min(args.rounds, args.iters) if worker is not None else 1
+        per_round = max(1, -(-args.iters // rounds))
+        if worker is not None:
+            lerobot["rounds"] = rounds
+        for r in range(rounds):
             if worker is not None:
+                settle()
+                untimed = len(steps.samples)
+                policy.predict_action_chunk(obs, noise=noise_np)      # re-warms what LeRobot's block evicted
+                del steps.samples[untimed:]
+            for i in range(per_round):
+                policy.predict_action_chunk(obs, noise=noise_np)
+                for stage in samples:
+                    samples[stage].append(policy.stats.timings[stage][-1])
+                progress(f"round {r + 1}/{rounds}, ours {i + 1}/{per_round}: "
+                         f"total {1e3 * samples['total'][-1]:.1f} ms")
+            if worker is None:
+                continue
+            settle()
+            worker.request("run")                                     # untimed, like ours
+            for i in range(per_round):
                 reply = worker.request("run")
                 theirs_s.append(reply["seconds"])
                 pipeline_s.append(reply["pipeline_seconds"])
                 lerobot["peak_rss_mib"] = reply["peak_rss_mib"]
-                msg += f", LeRobot {1e3 * reply['seconds']:.1f} ms"
-            progress(msg)
+                progress(f"round {r + 1}/{rounds}, LeRobot {i + 1}/{per_round}: {1e3 * reply['seconds']:.1f} ms")
         rss_end, peak_run = rss_mib(), peak_rss_mib()
         stages = {s: summarize(v) for s, v in samples.items()}
         stages["denoise_step"] = summarize(steps.samples) if steps.samples else {
@@ -472,7 +504,9 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
                    "batch": args.batch, "padding": policy.preprocessor.padding,
                    "prompt_tokens": int(inputs.tokens.shape[1]),
-                   "device": str(policy.device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+                   "device": str(policy.device), "dtype": args.dtype, "threads": threads,
+                   "threads_used": policy.threads or threads, "threads_report": policy.threads_report,
+                   "compiled": policy.runtime.torch_compile, "compile_report": policy.compile_report,
                    "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "compile": args.compile,
                    "iters": args.iters,
                    "warmup": args.warmup, "num_steps": policy.num_steps, "chunk_size": policy.chunk_size,
@@ -526,8 +560,10 @@ def table(result: dict) -> str:
     c, m, s = result["config"], result["memory"], result["stages"]
     lines = [f"vla-policy-bench: {c['name']} ({c['family']}, {c['params_m']:.1f} M params), {c['cameras']} camera(s), "
              f"batch {c['batch']}, '{c['padding']}' padding ({c['prompt_tokens']} prompt tokens), "
-             f"{c['device']} {c['dtype']}, {c['threads']} threads, {c['prefix_tokens']} prefix tokens, "
+             f"{c['device']} {c['dtype']}, {c['threads']} threads ({c['threads_used']} used), "
+             f"{c['prefix_tokens']} prefix tokens, "
              f"{c['num_steps']} steps, chunk {c['chunk_size']}, {c['iters']} iterations after {c['warmup']} warm-up",
+             *(report for report in (c["compile_report"], c["threads_report"]) if report),
              f"{'stage':<22}{'median ms':>12}{'p95 ms':>12}{'max ms':>12}"]
     names = {"denoise_step": "denoise step (each)", "denoise": f"denoise ({c['num_steps']} steps)"}
     for stage in STAGES:
@@ -588,6 +624,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="with LeRobot: blocks of ours and LeRobot's chunks, alternated this many times "
+                        "(--iters is rounded up to a multiple)")
     p.add_argument("--naive-iters", type=int, default=3, help="cached/naive pairs (0 skips the naive ratio)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay the prefix pass and the denoising loop as CUDA graphs (CUDA only)")

@@ -7,8 +7,9 @@ The overhead-bound matrix: eager and compiled against LeRobot over threads, batc
 
 Each configuration runs ``vla-policy-bench tiny`` twice, eager then ``--compile``, each in
 a fresh process with LeRobot's whole path (pre-processor, ``predict_action_chunk``,
-post-processor) alternating with ours on the same raw observation and noise; the ratios
-are paired medians from within one process. Prints one markdown table (BENCHMARKS.md) and
+post-processor) on the same raw observation and noise, in blocks alternating with ours
+three times, each after an idle pause; the ratios are paired medians from within one
+process. Prints one markdown table (BENCHMARKS.md) and
 writes every run's JSON under ``--out``.
 """
 
@@ -49,7 +50,10 @@ def row(eager: dict, compiled: dict) -> str:
                    f"{max(le['pipeline_max_abs_diff'], lc['pipeline_max_abs_diff']):.1e}")
     else:
         lerobot = "not measured | - | - | -"
-    return (f"| {c['threads']} | {c['batch']} | {c['cameras']} | {c['padding']} ({c['prompt_tokens']}) "
+    fewer = [f"{kind} ran {r['config']['threads_used']}" for kind, r in (("eager", eager), ("compiled", compiled))
+             if r["config"].get("threads_used", c["threads"]) != c["threads"]]    # the warm-up's thread race
+    threads = f"{c['threads']} ({', '.join(fewer)})" if fewer else f"{c['threads']}"
+    return (f"| {threads} | {c['batch']} | {c['cameras']} | {c['padding']} ({c['prompt_tokens']}) "
             f"| {e_ms:.2f} | {c_ms:.2f} | {e_ms / c_ms:.2f}x | {lerobot} "
             f"| {eager['load_average']:.1f} / {compiled['load_average']:.1f} |")
 

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -67,6 +68,20 @@ def stack_observations(observations: Sequence[Mapping]) -> dict:
     return {"images": images, "state": np.stack(states), "task": tasks}
 
 
+@contextlib.contextmanager
+def cpu_threads(count: Optional[int]) -> Iterator[None]:
+    """Run the block with ``count`` torch CPU threads (None: as set), then restore the setting."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class Policy:
     """A loaded VLA policy: what the node, the benchmark and the tests drive."""
 
@@ -86,6 +101,8 @@ class Policy:
         if preprocessor.padding == "longest":             # compiled code serves a few prompt lengths
             self.runtime.prompt_lengths = prompt_buckets(preprocessor.max_length)
         self.compile_report = ""                          # what the warm-up decided about compiled code
+        self.threads: Optional[int] = None                # CPU threads the warm-up chose (None: torch's setting)
+        self.threads_report = ""                          # why
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     camera_names = property(lambda self: self.preprocessor.camera_names)
@@ -107,6 +124,11 @@ class Policy:
 
     def _predict(self, observation: Mapping, noise: Optional[np.ndarray],
                  guide: Optional[Callable[[VelocityFn], VelocityFn]]) -> np.ndarray:
+        with cpu_threads(self.threads):
+            return self._predict_with(observation, noise, guide)
+
+    def _predict_with(self, observation: Mapping, noise: Optional[np.ndarray],
+                      guide: Optional[Callable[[VelocityFn], VelocityFn]]) -> np.ndarray:
         t0 = time.perf_counter()
         inputs = self.preprocessor(observation).to(self.device, self.dtype)
         b = inputs.batch_size
@@ -178,9 +200,11 @@ class Policy:
         capture; they are not control steps, so the counters and latencies start afresh.
         With compilation on, every compiled prompt length is compiled (or loaded from the
         cache) here, then compiled and eager chunks alternate ``race_rounds`` times: where
-        compiled code is slower it is switched off, and ``compile_report`` says why.
+        compiled code is slower it is switched off, and ``compile_report`` says why. Eager
+        chunks on the CPU then race over thread counts (``threads_report``).
         """
         runtime = self.runtime
+        self.threads, self.threads_report = None, ""
         if runtime.torch_compile:
             inputs = self.preprocessor(observation).to(self.device, self.dtype)
             noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
@@ -192,6 +216,8 @@ class Policy:
         runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
         if runtime.torch_compile and race_rounds > 0:
             self._race(observation, race_rounds)
+        if not runtime.torch_compile and self.device.type == "cpu" and race_rounds > 0:
+            self._race_threads(observation, race_rounds)
         runtime.cache.reset()
         self.stats.clear()
 
@@ -209,6 +235,42 @@ class Policy:
         self.compile_report = (f"compiled {fast:.2f} ms vs eager {slow:.2f} ms per chunk (median of {rounds}, "
                                f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
                                                                 else "compiled code refused, running eager"))
+
+    def _race_threads(self, observation: Mapping, rounds: int) -> None:
+        """
+        Time eager chunks at 1, 2, 4, ... threads up to torch's setting, alternating; keep the fastest.
+
+        A small model's kernels can be too short to split, so that each OpenMP fork and
+        join costs more than the second core gives: the tiny SmolVLA with 3 cameras takes
+        17.2 ms per chunk with 1 thread, 21.6 ms with 2, yet at batch 4 41.2 and 33.7 ms.
+        Fewer threads are kept only when at least 5% faster. Compiled programs fix their
+        thread count when built, so they never come here. Chunks over 0.5 s are
+        compute-bound, where every thread pays: no race.
+        """
+        budget = torch.get_num_threads()
+        if budget == 1:
+            return
+        t0 = time.perf_counter()
+        self.predict_action_chunk(observation)
+        if time.perf_counter() - t0 > 0.5:
+            return
+        counts = sorted({budget, *(2 ** k for k in range(budget.bit_length()) if 2 ** k < budget)})
+        times: dict[int, list[float]] = {n: [] for n in counts}
+        for _ in range(rounds):
+            for n in counts:
+                with cpu_threads(n):
+                    self.predict_action_chunk(observation)          # the first chunk after a switch pays for it
+                    t0 = time.perf_counter()
+                    self.predict_action_chunk(observation)
+                    times[n].append(time.perf_counter() - t0)
+        ms = {n: float(np.median(t)) * 1e3 for n, t in times.items()}
+        best = min(counts, key=ms.__getitem__)
+        if ms[best] > 0.95 * ms[budget]:
+            best = budget
+        self.threads = best
+        self.threads_report = (f"CPU threads: {best} of {budget} kept; eager chunk "
+                               + ", ".join(f"{ms[n]:.2f} ms with {n}" for n in counts)
+                               + f" (median of {rounds}, measured in the warm-up)")
 
     def dummy_observation(self) -> dict:
         """Build a valid observation of this policy's shapes (grey frames, zero state)."""

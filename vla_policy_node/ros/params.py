@@ -132,7 +132,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('compile_cache_dir', '', 'Folder of the compiled programs kept across starts '
               '(with compile); empty: $VLA_POLICY_NODE_CACHE_DIR, else '
               '$XDG_CACHE_HOME/vla_policy_node, else ~/.cache/vla_policy_node.'),
-    ParamSpec('num_threads', 0, 'Torch CPU threads; 0 keeps torch\'s default.',
+    ParamSpec('num_threads', 0, 'Torch CPU threads at most (the warm-up may keep fewer for an '
+              'eager policy, if faster); 0 keeps torch\'s default.',
               bounds=(0, 256)),
     ParamSpec('tiny_model.chunk_size', 16, 'Actions per chunk of the tiny random model.',
               bounds=(1, 256)),

@@ -108,5 +108,7 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
              f'({cache.stats.rebuilt} entries found corrupt or foreign and rebuilt)')
     if policy.compile_report:
         (info if runtime.torch_compile else warn)(policy.compile_report)
+    if policy.threads_report:
+        info(policy.threads_report)
     info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else ''))
     return policy
