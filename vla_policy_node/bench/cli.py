@@ -449,7 +449,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         pipeline_s: list[float] = []          # LeRobot's pre-processor + predict_action_chunk + post-processor
         rss_start, peak_load = rss_mib(), peak_rss_mib()
         reset_peak_rss()
-        rounds = min(args.rounds, args.iters) if worker is not None else 1
+        rounds = max(1, min(args.rounds, args.iters)) if worker is not None else 1
         per_round = max(1, -(-args.iters // rounds))
         if worker is not None:
             lerobot["rounds"] = rounds
