@@ -228,9 +228,11 @@ def test_a_stopped_sim_clock_makes_the_node_hold_and_keep_reporting(tmp_path):
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'use_sim_time': True}}}))
     with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), make) as (node, probe):
         assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
+        # A loaded machine can starve the probe's /clock before this point: count from here.
+        holds = probe.counter('watchdog_holds')
         probe.running = False
         assert wait_until(lambda: 'no control tick' in probe.state(), 5.0), probe.state()
-        assert probe.counter('watchdog_holds') == 1
+        assert probe.counter('watchdog_holds') == holds + 1, 'one hold per stop, not per check'
         time.sleep(0.3)
         ticks, count = probe.counter('control_ticks'), probe.command_count()
         time.sleep(1.5)
