@@ -117,6 +117,11 @@ class RobotProbe:
         with self._lock:
             return int(self.policy_status.get(key, -1))
 
+    def counters(self, *keys: str) -> tuple[int, ...]:
+        """Return several counters from one /diagnostics message, so they agree."""
+        with self._lock:
+            return tuple(int(self.policy_status.get(key, -1)) for key in keys)
+
     def state(self) -> str:
         """Return the node's state string from its latest /diagnostics."""
         with self._lock:
@@ -176,8 +181,9 @@ def test_commands_flow_within_limits(system):
     assert np.all(steps <= max_step + 1e-9)
     assert wait_until(lambda: probe.counter('commands_published') > 0, 5.0)
     assert probe.counter('control_steps') > 0
-    assert probe.counter('prefix_passes') == probe.counter('control_steps')
-    assert probe.counter('denoise_steps') == probe.counter('control_steps') * 5
+    prefixes, denoises, steps = probe.counters('prefix_passes', 'denoise_steps', 'control_steps')
+    assert prefixes == steps
+    assert denoises == steps * 5
     assert wait_until(lambda: probe.state() == 'commanding', 3.0)
 
 
