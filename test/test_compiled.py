@@ -9,7 +9,7 @@ import torch
 
 from vla_policy_node.core.attention import additive_mask, attention, attention_split
 from vla_policy_node.core.chunking import RTCGuidance
-from vla_policy_node.core.compiled import aot_compile
+from vla_policy_node.core.compiled import aot_compile, attention_backend
 from vla_policy_node.core.loading import load_policy
 from vla_policy_node.core.prefix_cache import ReadOnlyCacheError, VLAPrefixCache
 from vla_policy_node.models import build_tiny_policy
@@ -87,9 +87,25 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
     finally:
         tiny.runtime.torch_compile = False
     assert np.abs(first - eager).max() < TOL
+    assert tiny.model.backend == "sdpa", "the CPU loop was traced with eager attention; the eager path keeps SDPA"
     stats = tiny.stats
     assert stats.prefix_passes == stats.control_steps == 3
     assert stats.denoise_steps == 3 * tiny.num_steps
+
+
+def test_the_loop_is_traced_with_another_backend_and_the_model_gets_its_own_back():
+    model = torch.nn.Linear(1, 1)
+    model.backend = "sdpa"
+    with attention_backend(model, "eager"):
+        assert model.backend == "eager"
+    assert model.backend == "sdpa"
+    with pytest.raises(RuntimeError, match="export failed"):
+        with attention_backend(model, "eager"):
+            raise RuntimeError("export failed")
+    assert model.backend == "sdpa"
+    plain = torch.nn.Linear(1, 1)                    # a model without backends is traced as it is
+    with attention_backend(plain, "eager"):
+        assert not hasattr(plain, "backend")
 
 
 def test_two_compiled_policies_keep_their_own_weights(tiny):

@@ -2,11 +2,13 @@
 """
 Attention kernels and the mask rules of prefix/suffix VLAs.
 
-Two backends compute the same thing: ``eager`` (float32 scores, exactly what
-LeRobot and openpi do) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``,
-faster, fused on GPU). Masks are additive float tensors built once per pass:
-boolean masks through SDPA turn fully masked rows (padding queries) into NaN,
-which then leak into every later layer through the padded keys' values.
+Two backends compute the same thing: ``eager`` (float32 scores, LeRobot's and
+openpi's arithmetic, with the query heads that share a K/V head stacked into one
+matmul instead of copying K/V per head) and ``sdpa``
+(``torch.nn.functional.scaled_dot_product_attention``, faster, fused on GPU).
+Masks are additive float tensors built once per pass: boolean masks through
+SDPA turn fully masked rows (padding queries) into NaN, which then leak into
+every later layer through the padded keys' values.
 """
 
 from __future__ import annotations
@@ -45,14 +47,6 @@ def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(allowed, 0.0, neg).to(dtype)[:, None]
 
 
-def repeat_kv(states: Tensor, n_rep: int) -> Tensor:
-    """(B, H_kv, L, D) -> (B, H_kv * n_rep, L, D) for grouped-query attention."""
-    if n_rep == 1:
-        return states
-    b, h, L, d = states.shape
-    return states[:, :, None].expand(b, h, n_rep, L, d).reshape(b, h * n_rep, L, d)
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdpa",
               scale: float | None = None) -> Tensor:
     """
@@ -70,12 +64,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
         return out
     if backend != "eager":
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
-    k = repeat_kv(k, n_rep)
-    v = repeat_kv(v, n_rep)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    scores = scores + mask.float()
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v)
+    b, h, lq, d = q.shape
+    groups, lk = k.shape[1], k.shape[2]
+    qg = q.float().reshape(b, groups, n_rep * lq, d)               # the heads sharing one K/V head, stacked
+    scores = (qg @ k.float().transpose(-1, -2)).view(b, h, lq, lk) * scale + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, groups, n_rep * lq, lk)
+    return (probs @ v).view(b, h, lq, d)
 
 
 def attention_split(q: Tensor, prefix_kv: tuple[Tensor, Tensor], suffix_kv: tuple[Tensor, Tensor], mask: Tensor,
