@@ -148,7 +148,7 @@ def attention_backend(model: nn.Module, backend: Optional[str]) -> Iterator[None
 
     The CPU denoising loop is traced with ``eager`` arithmetic: its queries are one
     chunk (50 rows), so the scores are small, inductor fuses the softmax chain
-    around two matmuls, and the step ran 5-13% faster than through CPU flash
+    around two matmuls, and the step ran 7-14% faster than through CPU flash
     attention (tiny SmolVLA, batch 1-4, paired in one process). Self-attention
     layers already use this arithmetic (``attention_split``); this covers the
     cross-attention layers.
