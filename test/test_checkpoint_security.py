@@ -310,6 +310,13 @@ def test_unknown_policy_type(ckpt, family):
     ({"output_features": {"action": {"shape": ["six"]}}}, "invalid SmolVLA configuration"),
     ({"vlm_model_name": 3}, "vlm_model_name must be str"),
     ({"max_state_dim": 2}, "invalid SmolVLA configuration"),
+    ({"min_period": -0.004}, "need 0 < min_period < max_period"),     # once NaN actions after a clean load
+    ({"min_period": 0.0}, "need 0 < min_period < max_period"),
+    ({"max_period": 0.0}, "need 0 < min_period < max_period"),
+    ({"chunk_size": 0}, "chunk_size must be > 0"),
+    ({"num_steps": -1}, "num_steps must be > 0"),
+    ({"resize_imgs_with_padding": [64]}, "resize_imgs_with_padding must be [width, height]"),
+    ({"resize_imgs_with_padding": [0, 0]}, "resize_imgs_with_padding must be two positive sizes"),
 ])
 def test_config_with_wrong_types(ckpt, changes, fragment):
     edit_json(ckpt / "config.json", **changes)
@@ -319,6 +326,15 @@ def test_config_with_wrong_types(ckpt, changes, fragment):
 def test_tokenizer_step_with_wrong_types(ckpt):
     edit_step(ckpt, "policy_preprocessor.json", "tokenizer_processor", max_length="24")
     refused(ckpt, "max_length must be int")
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"max_length": 0}, "max_length must be >= 1"),
+    ({"padding": "do_not_pad"}, "padding must be 'max_length' or 'longest'"),
+])
+def test_tokenizer_step_with_values_that_cannot_work(ckpt, changes, fragment):
+    edit_step(ckpt, "policy_preprocessor.json", "tokenizer_processor", **changes)
+    refused(ckpt, fragment)
 
 
 def test_absurd_layer_count_fails_fast(ckpt):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 from PIL import Image as PILImage
@@ -101,3 +102,36 @@ def test_the_topic_follows_image_transport():
     assert camera_topic('camera/front/image_raw/compressed', 'compressed') == \
         'camera/front/image_raw/compressed'
     assert camera_topic('camera/front/image_raw', 'raw') == 'camera/front/image_raw'
+
+
+def broken_png_chunk() -> bytes:
+    """Return a PNG whose IDAT claims 22 bytes too few: the decoder reads a chunk type from pixel data."""
+    data = bytearray(encoded(RGB, 'png'))
+    at = 33                              # after the signature (8) and IHDR (25): IDAT's length
+    assert data[at + 4:at + 8] == b'IDAT'
+    data[at:at + 4] = struct.pack('>I', struct.unpack('>I', data[at:at + 4])[0] - 22)
+    return bytes(data)
+
+
+def test_a_broken_png_chunk_is_a_conversion_error_not_a_crash():
+    with pytest.raises(SyntaxError):    # what Pillow itself raises, which once ended the node
+        PILImage.open(io.BytesIO(broken_png_chunk())).load()
+    with pytest.raises(ConversionError, match='compressed image'):
+        compressed_to_rgb(CompressedImage(format='rgb8; png compressed bgr8', data=broken_png_chunk()))
+
+
+@pytest.mark.parametrize('codec', ['png', 'jpeg'])
+def test_any_corruption_of_a_frame_decodes_or_is_refused(codec):
+    valid = encoded(RGB, codec)
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        data = bytearray(valid)
+        for position in rng.integers(0, len(data), rng.integers(1, 6)):
+            data[position] = int(rng.integers(0, 256))
+        cut = bytes(data[:rng.integers(8, len(data) + 1)])
+        msg = CompressedImage(format=f'rgb8; {codec} compressed bgr8', data=cut)
+        try:
+            out = compressed_to_rgb(msg)
+        except ConversionError:
+            continue
+        assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3

@@ -236,3 +236,86 @@ def test_limits_only_tighten_at_run_time_and_never_exclude_the_last_command():
     for _ in range(5):
         rig.step([0.3, 0.3, 0.3], chunk=ramp(0.9, 0.9))
     assert np.all(np.abs(np.diff(rig.commands()[-5:], axis=0)) <= 0.05 + 1e-12)
+
+
+def test_a_command_topic_without_subscriber_restarts_only_its_own_joints_from_the_measured_state():
+    rig = Rig()
+    for _ in range(12):                 # the controllers lag: commanded 0.9, measured 0.5
+        rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+    last = rig.commands()[-1]
+    assert np.allclose(last, 0.9)
+    rig.loop.set_command_link(subscribers=0, other_publishers=0, topic='gripper', unheard_joints=[2])
+    rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+    rig.loop.set_command_link(subscribers=1, other_publishers=0)
+    sent = len(rig.sent)
+    for _ in range(3):
+        rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+    first = rig.commands()[sent]
+    assert np.all(np.abs(first[:2] - last[:2]) <= 0.1 + 1e-12), 'the arm steps from what its controller got'
+    assert abs(first[2] - 0.5) <= 0.1 + 1e-12, 'the gripper re-enters from where it is measured'
+
+
+def test_a_loop_clock_that_goes_back_holds_until_every_input_is_sent_again():
+    rig = Rig()
+    for _ in range(5):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    assert rig.state() == 'commanding'
+    sent = len(rig.sent)
+    rig.now -= 0.2                      # a simulator reset, smaller than max_observation_age
+    rig.loop.tick(rig.now)
+    assert 'the loop clock went back by' in rig.state()
+    assert len(rig.sent) == sent + 1 and rig.sent[-1][1] is None, 'one hold, no action'
+    rig.loop.on_image('front', FRAME, rig.now, None)
+    rig.loop.tick(rig.now)
+    assert 'the loop clock went back by' in rig.state(), 'joint states are still from before'
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    assert rig.state() == 'commanding'
+    assert all(times is None or np.all(times <= rig.now) for _, times in rig.sent[sent:])
+
+
+def test_a_fault_of_an_ended_episode_is_counted_but_does_not_stop_the_new_one():
+    rig = Rig()
+    rig.step([0.0, 0.0, 0.0])           # a request in flight, not answered
+    old, rig.inference.pending = rig.inference.pending, None
+    assert old is not None
+    rig.loop.reset_episode('test')
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    assert rig.state() == 'commanding'
+    rig.inference.pending = old
+    rig.inference.deliver(None, 'raised', rig.now)
+    rig.step([0.0, 0.0, 0.0], chunk=ramp(0.02, 0.02))
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.state == 'commanding' and status.counters['policy_raised'] == 1
+
+
+def test_a_reset_forgets_the_last_episodes_policy_fault():
+    rig = Rig()
+    rig.step([0.0, 0.0, 0.0])
+    rig.inference.deliver(None, 'raised', rig.now)
+    rig.step([0.0, 0.0, 0.0])
+    assert 'policy raised' in rig.state()
+    rig.loop.reset_episode('test')
+    rig.step([0.0, 0.0, 0.0])
+    assert rig.state() == 'holding: waiting for actions from the policy'
+
+
+@pytest.mark.parametrize('fault', ['out_of_memory', ''])
+def test_an_unknown_fault_kind_holds_as_raised(fault):
+    rig = Rig()
+    rig.step([0.0, 0.0, 0.0])
+    rig.inference.deliver(None, fault, rig.now)
+    status = rig.loop.status(rig.now, 1.0)
+    assert f'unknown fault kind {fault!r}' in status.state and status.counters['policy_raised'] == 1
+
+
+@pytest.mark.parametrize('width', [1, 2, 7])
+def test_a_chunk_of_another_width_than_the_joints_is_refused_with_its_reason(width):
+    rig = Rig()
+    rig.step([0.0, 0.0, 0.0], chunk=np.full((4, width), 0.05))
+    rig.step([0.0, 0.0, 0.0])
+    status = rig.loop.status(rig.now, 1.0)
+    assert not any(times is not None for _, times in rig.sent), 'nothing commanded from it'
+    assert status.counters['rejected_chunks'] >= 1
+    assert 'policy output rejected' in status.state and f'(4, {width})' in status.state

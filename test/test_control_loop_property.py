@@ -46,6 +46,7 @@ class Checker:
         self.loop: ControlLoop | None = None
         self.now = 0.0
         self.previous: np.ndarray | None = None
+        self.unheard = np.zeros(len(JOINTS), dtype=bool)   # joints whose topic lost its subscriber
         self.measured: np.ndarray | None = None     # last accepted joint state, None if stale/unknown
         self.delivered: set[float] = set()
         self.allowed = True     # the command link allows commands
@@ -63,18 +64,22 @@ class Checker:
         assert np.all(np.isfinite(points))
         assert limits.contains(points), (points, limits.lower, limits.upper)
         max_delta = limits.max_delta(DT) + 1e-9
-        reference = self.previous if self.previous is not None else self.measured
-        assert reference is not None, 'the first command of a segment needs a measured state'
+        reference = self.previous
+        if reference is None or self.unheard.any():
+            assert self.measured is not None, 'the first command of a segment needs a measured state'
+            reference = self.measured if reference is None else np.where(self.unheard, self.measured, reference)
         chain = np.vstack([reference, points])
         assert np.all(np.abs(np.diff(chain, axis=0)) <= max_delta), (chain, max_delta)
         if obs_times is not None:
             age_limit = loop_settings.action_age_limit(4)
             due = self.now + DT * np.arange(len(points))
             assert np.all(due - obs_times <= age_limit + 1e-9), (due, obs_times, age_limit)
+            assert np.all(obs_times <= due + 1e-9), ('an observation from the future', due, obs_times)
             assert set(obs_times.tolist()) <= self.delivered
-        self.published['segment start' if self.previous is None else 'continued'] += 1
+        self.published['segment start' if self.previous is None or self.unheard.any() else 'continued'] += 1
         self.published['hold' if obs_times is None else 'action'] += 1
         self.previous = points[0].copy()
+        self.unheard[:] = False
 
 
 def scaled_limits(scale: float, step: float) -> MotionLimits:
@@ -93,7 +98,7 @@ operation = st.one_of(
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
-    st.tuples(st.just('advance'), st.sampled_from([0.0, DT / 2, DT, DT, DT, 3 * DT, 0.3, 2.0])),
+    st.tuples(st.just('advance'), st.sampled_from([0.0, DT / 2, DT, DT, DT, 3 * DT, 0.3, 2.0, -0.2])),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
@@ -107,7 +112,7 @@ operation = st.one_of(
     st.tuples(st.just('result'), st.lists(st.floats(-5.0, 5.0), min_size=12, max_size=12)),
     st.tuples(st.just('result'), st.lists(st.floats(-0.3, 0.3), min_size=12, max_size=12)),
     st.tuples(st.just('fault'), st.sampled_from(['raised', 'non_finite', 'late', 'nan_chunk'])),
-    st.tuples(st.just('link'), st.sampled_from([(1, 0), (1, 0), (0, 0), (1, 1)])),
+    st.tuples(st.just('link'), st.sampled_from([(1, 0), (1, 0), (0, 0), (1, 1), (0, 0, (2,))])),
     st.tuples(st.just('limits'), st.tuples(st.sampled_from([1.0, 0.9, 0.5, 1.2]),
                                            st.sampled_from([0.1, 0.05, 0.2]))),
     st.tuples(st.just('watchdog'), st.sampled_from([0.1, 1.0])),
@@ -191,11 +196,12 @@ def run_sequence(operations, blend, points, max_action_age):
             else:
                 inference.deliver(None, value, now)
         elif kind == 'link':
-            subscribers, others = value
-            loop.set_command_link(subscribers, others)
+            subscribers, others, *group = value         # group: the joints of the topic at fault
+            unheard = group[0] if group else None
+            loop.set_command_link(subscribers, others, unheard_joints=unheard)
             checker.allowed = subscribers > 0 and others == 0
             if subscribers == 0:
-                checker.previous = None
+                checker.unheard[slice(None) if unheard is None else list(unheard)] = True
         elif kind == 'limits':
             scale, step = value
             proposed = LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(scale, step),

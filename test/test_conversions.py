@@ -92,6 +92,8 @@ def test_partial_and_reordered_joint_states_merge_by_name():
     (['a', 'b'], [1.0, float('nan')], "joint state position of 'b' is not finite (nan)"),
     (['a', 'b'], [1.0], 'joint state has 2 names but 1 positions'),
     (['a', 'a'], [1.0, 2.0], "joint state names are duplicated: ['a']"),
+    (['', 'b'], [1.0, 2.0], "joint state has an empty joint name: ['', 'b']"),
+    ([' ', 'b'], [1.0, 2.0], "joint state has an empty joint name: [' ', 'b']"),
 ])
 def test_bad_joint_states_are_refused(names, positions, message):
     with pytest.raises(ValueError) as error:

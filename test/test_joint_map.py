@@ -112,6 +112,20 @@ def test_the_policy_sees_training_units_and_the_loop_ros_units():
     assert target[5] == pytest.approx(-0.17453 + 0.5 * 1.91986)
 
 
+@pytest.mark.parametrize('width', [1, 5, 7])
+def test_a_chunk_of_another_width_is_refused_not_broadcast_over_the_joints(width):
+    loop, inference, sent = mapped_loop()
+    now = 10.0
+    loop.on_image('front', np.zeros((4, 4, 3), np.uint8), now, None)
+    loop.on_joint_state(JOINTS, np.zeros(6), now, None)
+    loop.tick(now)
+    inference.deliver(np.full((4, width), 20.0), None, now + 0.01)
+    loop.tick(now + 1 / RATE)
+    status = loop.status(now + 1 / RATE, 1.0)
+    assert sent == [], 'nothing commanded from it'
+    assert status.counters['rejected_chunks'] == 1 and 'policy output rejected' in status.state
+
+
 def test_the_rtc_prefix_reaches_the_policy_in_training_units():
     loop, inference, sent = mapped_loop('rtc')
     state = np.full(6, 0.1)

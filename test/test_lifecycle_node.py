@@ -189,3 +189,32 @@ def test_configure_is_not_mistaken_for_a_dead_inference_thread(monkeypatch):
     finally:
         node.destroy_node()
         rclpy.try_shutdown(context=context)
+
+
+def test_limits_cannot_be_loosened_while_unconfigured_and_a_configure_keeps_the_start_envelope():
+    """Between cleanup and configure there is no loop to object; the start envelope still does."""
+    import rclpy
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+
+    from ros_harness import RANDOM_WEIGHTS_ARGS
+    from vla_policy_node.ros.lifecycle_node import VlaPolicyLifecycleNode
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    node = VlaPolicyLifecycleNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
+    start_step = CONFIG['limits']['max_step']
+    try:
+        result = node.set_parameters_atomically([Parameter('limits.max_step', value=start_step * 10)])
+        assert not result.successful and 'may only be tightened' in result.reason
+        assert node.set_parameters_atomically([Parameter('limits.max_step', value=start_step / 2)]).successful
+        assert node.on_configure(None) == TransitionCallbackReturn.SUCCESS
+        assert node._loop.settings.limits.max_step == start_step / 2
+        node.on_cleanup(None)
+        result = node.set_parameters_atomically([Parameter('limits.max_step', value=start_step)])
+        assert result.successful, 'back up to the start envelope is allowed'
+        result = node.set_parameters_atomically([Parameter('limits.max_step', value=start_step * 2)])
+        assert not result.successful and 'may only be tightened' in result.reason
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)

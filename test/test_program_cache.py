@@ -80,7 +80,18 @@ def no_manifest(entry: Path) -> None:
     (entry / MANIFEST).unlink()
 
 
-@pytest.mark.parametrize("damage", [tamper, foreign, no_manifest])
+def library_replaced_by_a_folder(entry: Path) -> None:
+    (entry / "program.so").unlink()
+    (entry / "program.so").mkdir()
+
+
+def entry_replaced_by_a_file(entry: Path) -> None:
+    subprocess.run(["rm", "-r", str(entry)], check=True)
+    entry.write_bytes(b"not a folder")
+
+
+@pytest.mark.parametrize("damage", [tamper, foreign, no_manifest, library_replaced_by_a_folder,
+                                    entry_replaced_by_a_file])
 def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damage):
     root, first = store
     copy = tmp_path / "cache"

@@ -204,3 +204,38 @@ def test_rtc_guidance_round_trips_and_bad_messages_name_the_field():
         decode_request(msg)
     answer = decode_chunk(encode_chunk('/r', 1, 0, 3.0, None, 'raised', 'boom', 0.0, 0.1, 2))
     assert answer.chunk is None and answer.fault == 'raised' and answer.batch_size == 2
+
+
+def with_meta(msg: UInt8MultiArray, meta: bytes) -> UInt8MultiArray:
+    """``msg`` with its meta segment replaced by ``meta`` (other segments kept)."""
+    rest = bytes(msg.data)[msg.layout.dim[0].size:]
+    msg.layout.dim[0].size = len(meta)
+    msg.data = meta + rest
+    return msg
+
+
+HOSTILE_METAS = [
+    b'[' * 100_000 + b']' * 100_000,                                    # RecursionError in json
+    b'{"version": 1, "robot": "/r", "request_id": ' + b'9' * 5000 + b'}',  # int beyond 4300 digits
+    b'{"version": 1, "robot": "/r", "request_id": 1, "episode": 0, "obs_time": 1' + b'0' * 400 + b'}',
+    b'{"version": 1, "robot": "/r", "request_id": 1, "episode": 0, "obs_time": 1.0, "task": "t", '
+    b'"state": ["a"], "images": {}}',
+    b'{"version": 1, "robot": "/r", "request_id": 1, "episode": 0, "obs_time": 1.0, "task": "t", '
+    b'"state": [[1, 2], [3]], "images": {}}',
+    b'{"version": 1, "robot": "/r", "request_id": 1, "episode": 0, "obs_time": 1.0, "fault": null, '
+    b'"shape": [true, {}]}',
+    b'{"version": 1, "robot": "/r", "request_id": 1, "episode": 0, "obs_time": 1.0, "task": "t", '
+    b'"state": [1.0], "images": {}, "rtc": {"shape": [1, 1], "delay_steps": 0, '
+    b'"max_guidance_weight": 1e999, "guidance": "paper"}}',
+    b' ' * (2 << 20),
+]
+
+
+@pytest.mark.parametrize('meta', HOSTILE_METAS, ids=range(len(HOSTILE_METAS)))
+def test_hostile_messages_are_protocol_errors_on_both_sides(meta):
+    request = encode_request('/r', 1, 0, 1.0, {'images': {'front': RGB}, 'state': STATE, 'task': TASK}, None)
+    with pytest.raises(ProtocolError):
+        decode_request(with_meta(request, meta))
+    answer = encode_chunk('/r', 1, 0, 1.0, np.zeros((4, 3)), None, '', 0.0, 0.1, 1)
+    with pytest.raises(ProtocolError):
+        decode_chunk(with_meta(answer, meta))

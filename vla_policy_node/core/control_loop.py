@@ -14,10 +14,12 @@ caller of ``sink``. It guarantees, for every published point:
 
 * finite, and inside the *current* position limits;
 * within ``min(max_step, max_velocity / rate)`` of the previously published command. Only the
-  first command of a *segment* (the first ever, or the first after the command topic had no
-  subscriber, so nothing sent meanwhile was received) steps from the measured joint state
-  instead, which must then be fresh; a robot measured outside its limits by more than one
-  step cannot be reached by a safe command, so nothing is sent and the loop says so;
+  first command of a *segment* steps from the measured joint state instead, which must then be
+  fresh: the first ever, and, for the joints of a command topic that had no subscriber (so
+  nothing sent to them meanwhile was received), the first after it; the joints of the other
+  topics keep stepping from what their controllers last received. A robot measured outside
+  its limits by more than one step cannot be reached by a safe command, so nothing is sent
+  and the loop says so;
 * computed from observations at most ``max_action_age`` old at the time it is to execute
   (holds repeat the last command, or the measured state, and compute nothing).
 
@@ -44,7 +46,7 @@ import numpy as np
 
 from vla_policy_node.core.chunking import ChunkRequest, ChunkScheduler, Plan, SchedulerConfig
 from vla_policy_node.core.health import ERROR, FaultReport, FaultTally, InputHealth, OK, WARN
-from vla_policy_node.core.inference import FAULTS, InferenceResult
+from vla_policy_node.core.inference import FAULT_RAISED, FAULTS, InferenceResult
 from vla_policy_node.core.observations import INSTRUCTION, JOINT_STATES, ObservationBuffer
 from vla_policy_node.core.safety import check_finite, MotionLimits, SafetyError
 
@@ -161,6 +163,7 @@ class ControlLoop:
         self._counters = dict.fromkeys(LOOP_COUNTERS, 0)
         self._faults = FaultTally(LOOP_FAULTS, warn_only=(FAULT_STALE,))
         self._last_published: np.ndarray | None = None
+        self._unheard = np.zeros(len(settings.joint_names), dtype=bool)   # re-enter from measured
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
         self._policy_fault: str | None = None
@@ -180,7 +183,7 @@ class ControlLoop:
 
     @property
     def last_published(self) -> np.ndarray | None:
-        """Return the last command that left (J,), or None before the first of a segment."""
+        """Return the last command that left (J,), or None before the first."""
         with self._lock:
             return None if self._last_published is None else self._last_published.copy()
 
@@ -216,15 +219,18 @@ class ControlLoop:
             self._settings = settings
 
     def set_command_link(self, subscribers: int, other_publishers: int,
-                         topic: str = 'the command topic') -> None:
+                         topic: str = 'the command topic',
+                         unheard_joints: Sequence[int] | None = None) -> None:
         """
         Tell the loop who else is on the command topic; commands stop unless exactly we send.
 
-        No subscriber: nothing sent is received, so the next command steps from the measured
-        state (a new segment). Another publisher: two senders interleave and the step limit
-        means nothing, so the loop refuses to command until it is alone. With several command
-        topics (one per controller), the fewest subscribers and all other publishers count;
-        ``topic`` names the one at fault in the reason.
+        No subscriber: nothing sent is received, so the next command of ``unheard_joints``
+        (indices; None: all joints) steps from their measured state (a new segment). Another
+        publisher: two senders interleave and the step limit means nothing, so the loop
+        refuses to command until it is alone. With several command topics (one per
+        controller), the fewest subscribers and all other publishers count, ``topic`` names
+        the one at fault in the reason, and ``unheard_joints`` are the joints of the topics
+        without a subscriber.
         """
         with self._lock:
             if other_publishers > 0:
@@ -235,8 +241,8 @@ class ControlLoop:
                 self._link_problem = Refusal(f'nobody subscribes to {topic}')
             else:
                 self._link_problem = None
-            if subscribers == 0:
-                self._last_published = None       # not received: re-enter from the measured state
+            if subscribers == 0:                  # not received: re-enter from the measured state
+                self._unheard[slice(None) if unheard_joints is None else list(unheard_joints)] = True
 
     # ------------------------------------------------------------------ inputs
     def wants_observation(self) -> bool:
@@ -302,6 +308,8 @@ class ControlLoop:
         with self._lock:
             if self._stopped:
                 return
+            if self._clock_now is not None and now < self._clock_now:
+                self._clock_went_back(self._clock_now - now)
             if now != self._clock_now:
                 self._clock_now, self._clock_advanced = now, self._wall()
             self._counters['control_ticks'] += 1
@@ -318,6 +326,18 @@ class ControlLoop:
             else:
                 self._command(now, plan)
             self._request_chunk(now)
+
+    def _clock_went_back(self, seconds: float) -> None:
+        """
+        Hold on a loop clock that runs backwards (a simulator reset): every age means nothing.
+
+        The inputs received before count as faulted until each stream sends again, so the
+        loop holds (and drops its plan) at this tick and commands only from new messages.
+        """
+        reason = f'the loop clock went back by {seconds:.3f} s (simulation reset?): waiting for new messages'
+        for stream in (*self._settings.camera_names, JOINT_STATES):
+            self._inputs.reject(stream, reason)
+        self._limited_log('clock', 'warning', reason)
 
     def watchdog(self, now: float) -> None:
         """Hold once the loop's clock stood still for ``max_observation_age`` of wall-clock time."""
@@ -388,11 +408,9 @@ class ControlLoop:
             return self._link_problem
         settings = self._settings
         limits = settings.limits
-        reference = self._last_published
+        reference = self._reference(now)
         if reference is None:
-            reference = self._inputs.fresh_positions(now, settings.max_observation_age)
-            if reference is None:
-                return Refusal('no fresh joint position to start from')
+            return Refusal('no fresh joint position to start from')
         if plan is None:
             targets, obs_times = reference[None, :], None
         else:
@@ -412,6 +430,7 @@ class ControlLoop:
                            'step: nothing can be commanded until they are back inside', ERROR)
         self._sink(safe, obs_times)
         self._last_published = safe[0].copy()
+        self._unheard[:] = False
         if plan is None:
             self._counters['holds_published'] += 1
         else:
@@ -420,17 +439,31 @@ class ControlLoop:
             self._counters['clamped_lookahead_joints'] += int(clamped[1:].sum())
         return None
 
+    def _reference(self, now: float) -> np.ndarray | None:
+        """Return what the next command steps from (J,): the last one sent, measured where unheard."""
+        last = self._last_published
+        if last is not None and not self._unheard.any():
+            return last
+        measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
+        if measured is None or last is None:
+            return measured
+        return np.where(self._unheard, measured, last)
+
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
         """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""
         limit = self._settings.action_age_limit(self._scheduler.config.horizon)
         due = now + self._settings.dt * np.arange(len(plan.actions))
-        fresh = due - plan.obs_times <= limit
+        age = due - plan.obs_times
+        fresh = (age <= limit) & (age >= 0.0)          # an observation from the future: a clock gone back
         count = len(fresh) if fresh.all() else int(np.argmin(fresh))
         return plan.actions[:count] if count else None
 
     def _stale(self, now: float, plan: Plan) -> Refusal:
         self._counters['stale_actions_refused'] += 1
         limit = self._settings.action_age_limit(self._scheduler.config.horizon)
+        if plan.obs_times[0] > now:
+            return Refusal(f'action computed from an observation {plan.obs_times[0] - now:.3f} s in the '
+                           'future: the loop clock went back')
         return Refusal(f'action computed from an observation {now - plan.obs_times[0]:.3f} s '
                        f'old, more than max_action_age = {limit:.3f} s')
 
@@ -442,15 +475,26 @@ class ControlLoop:
                 return
             latency = result.finished_at - result.request.obs_time
             fault, error = result.fault, result.error
+            if fault is not None and fault not in LOOP_FAULTS:     # e.g. from a remote server
+                fault, error = FAULT_RAISED, f'unknown fault kind {fault!r}: {error}'
+            width = np.shape(result.chunk)[-1:] if fault is None else None
+            if width is not None and width != (len(self._settings.joint_names),):
+                if self._scheduler.awaits(result.request):
+                    self._scheduler.cancel_request(result.request)
+                    self._reject_chunk(f'chunk of shape {np.shape(result.chunk)}, expected '
+                                       f'{len(self._settings.joint_names)} actions per row (one per joint)')
+                return
             stale = latency > self._settings.max_observation_age
             if fault is None and stale and self._scheduler.awaits(result.request):
                 fault, error = FAULT_STALE, (
                     f'chunk arrived {latency:.3f} s after its observation, more than '
                     f'max_observation_age = {self._settings.max_observation_age:g} s')
             if fault is not None:
-                self._last_latency = latency
                 message = f'policy {fault}: {error}'
                 self._faults.add(fault, message, result.finished_at)
+                if not self._scheduler.awaits(result.request):
+                    return          # an answer to a request of an ended episode: counted, not obeyed
+                self._last_latency = latency
                 self._scheduler.cancel_request(result.request)
                 self._policy_fault = message
                 self._discard_plan()
@@ -460,8 +504,7 @@ class ControlLoop:
             try:
                 accepted = self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at)
             except ValueError as rejected:
-                self._counters['rejected_chunks'] += 1
-                self._limited_log('rejected chunk', 'warning', f'discarded policy output: {rejected}')
+                self._reject_chunk(str(rejected))
                 return
             if accepted:
                 self._last_latency = latency
@@ -469,12 +512,19 @@ class ControlLoop:
                 if self._hold_reason is not None:
                     self._on_chunk_ready()
 
+    def _reject_chunk(self, reason: str) -> None:
+        """Count a malformed chunk; the hold that follows when the plan runs out says why."""
+        self._counters['rejected_chunks'] += 1
+        self._policy_fault = f'policy output rejected: {reason}'
+        self._limited_log('rejected chunk', 'warning', f'discarded policy output: {reason}')
+
     # ------------------------------------------------------------------ episodes
     def reset_episode(self, reason: str) -> int:
         """Start a new episode (plan, blending, the policy's cache); return the reset count."""
         with self._lock:
             self._scheduler.reset()
             self._inference.request_reset()
+            self._policy_fault = None          # the last episode's fault is not this one's
             self._counters['episode_resets'] += 1
             count = self._counters['episode_resets']
         self._log('info', f'episode reset #{count} ({reason})')

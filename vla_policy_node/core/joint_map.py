@@ -111,7 +111,9 @@ class JointMappedInference:
     def bind(self, on_result: Callable[[InferenceResult], None]) -> None:
         """Send the wrapped inference's results to ``on_result`` in ROS units."""
         def to_ros(result: InferenceResult) -> None:
-            if result.chunk is not None:
+            # A chunk of another width would broadcast against the per-joint scale: it goes on
+            # unmapped, and the loop refuses it for its width.
+            if result.chunk is not None and np.shape(result.chunk)[-1:] == (self._map.num_joints,):
                 result = replace(result, chunk=self._map.action_to_ros(result.chunk))
             on_result(result)
         self._inner.bind(to_ros)

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import logging
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -86,8 +86,7 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
         tokenizer=tokenizer, prompt=newline_prompt,
-        max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
-        padding=ckpt.config_value(tok_cfg, "padding", str, cfg.pad_language_to, source),
+        **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
         padding_side=_padding_side(tok_cfg, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
     return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
@@ -140,13 +139,23 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
         tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
-        max_length=ckpt.config_value(tok_cfg, "max_length", int, cfg.tokenizer_max_length, source),
-        padding=ckpt.config_value(tok_cfg, "padding", str, "max_length", source),
+        **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, "max_length", source),
         padding_side=_padding_side(tok_cfg, source),
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
         state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
     return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed, pack_weights)
+
+
+def _prompt_settings(tok_cfg: dict, max_length: int, padding: str, source: str) -> dict[str, Any]:
+    """Read ``max_length`` (>= 1) and ``padding`` (``max_length`` or ``longest``) of LeRobot's tokenizer step."""
+    length = ckpt.config_value(tok_cfg, "max_length", int, max_length, source)
+    mode = ckpt.config_value(tok_cfg, "padding", str, padding, source)
+    if length < 1:
+        raise ckpt.CheckpointError(f"{source}: max_length must be >= 1, got {length}")
+    if mode not in ("max_length", "longest"):
+        raise ckpt.CheckpointError(f"{source}: padding must be 'max_length' or 'longest', got {mode!r:.40}")
+    return {"max_length": length, "padding": mode}
 
 
 def _padding_side(tok_cfg: dict, source: str) -> str:

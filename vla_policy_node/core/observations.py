@@ -57,11 +57,13 @@ def merge_joint_state(names: Sequence[str], positions: Sequence[float],
     Publishers split joints over several messages and order them as they like, so a message
     may name any subset of the joints in any order; joints it does not name keep their value
     in ``current`` (NaN until first seen). Names outside ``joint_order`` are reported, not
-    fatal. A NaN or infinite position for a configured joint, duplicated names, or a count
+    fatal. A NaN or infinite position for a configured joint, an empty or duplicated name, or a count
     of positions that differs from the count of names reject the whole message (ValueError).
     """
     if len(positions) != len(names):
         raise ValueError(f'joint state has {len(names)} names but {len(positions)} positions')
+    if any(not name.strip() for name in names):
+        raise ValueError(f'joint state has an empty joint name: {list(names)}')
     if len(set(names)) != len(names):
         duplicated = sorted({name for name in names if list(names).count(name) > 1})
         raise ValueError(f'joint state names are duplicated: {duplicated}')

@@ -91,6 +91,14 @@ def tensors_digest(named: Iterable[tuple[str, Tensor]]) -> str:
     return h.hexdigest()
 
 
+def remove_entry(path: Path) -> None:
+    """Remove a cache entry, whatever stands there (a folder, or a file put in its place)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -186,7 +194,7 @@ class ProgramCache:
                 except RuntimeError as error:        # a library that verifies but does not load (ABI)
                     problem = f"it does not load: {error}"
             log.warning("compile cache entry %s rebuilt: %s", folder, problem)
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_entry(folder)
             self.stats.rebuilt += 1
         self.prune_staging()
         self._build(folder, key, build, device)
@@ -250,8 +258,13 @@ class ProgramCache:
         if present != set(files):
             return f"files {sorted(present)} differ from the manifest's {sorted(files)}"
         for name, digest in files.items():
-            if file_digest(folder / name) != digest:
-                return f"{name} does not match its SHA-256 in the manifest (corrupt or tampered)"
+            if not (folder / name).is_file():
+                return f"{name} is not a regular file"
+            try:
+                if file_digest(folder / name) != digest:
+                    return f"{name} does not match its SHA-256 in the manifest (corrupt or tampered)"
+            except OSError as error:
+                return f"{name} cannot be read ({error})"
         return None
 
     @staticmethod

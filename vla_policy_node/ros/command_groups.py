@@ -165,18 +165,21 @@ class CommandOutputs:
         return tuple(max(0, self._node.count_publishers(publisher.topic_name) - 1)
                      for publisher in self._publishers)
 
-    def link(self, others: Sequence[int]) -> tuple[int, int, str]:
+    def link(self, others: Sequence[int]) -> tuple[int, int, str, tuple[int, ...]]:
         """
-        Return (fewest subscribers of any topic, other publishers on all, the topic at fault).
+        Return (fewest subscribers, other publishers on all, topic at fault, unheard joints).
 
         ``others`` comes from :meth:`other_publishers`. The topic named is the first without
-        a subscriber, else the first with another publisher, else the first topic.
+        a subscriber, else the first with another publisher, else the first topic. The
+        unheard joints (indices) are those of the topics without a subscriber.
         """
         subscribers = [publisher.get_subscription_count() for publisher in self._publishers]
         topics = self.topics
         fault = next((t for t, s in zip(topics, subscribers) if s == 0),
                      next((t for t, o in zip(topics, others) if o > 0), topics[0]))
-        return min(subscribers), sum(others), fault
+        unheard = tuple(i for group, count in zip(self._groups, subscribers) if count == 0
+                        for i in group.indices)
+        return min(subscribers), sum(others), fault, unheard
 
     def wait_for_all_acked(self, seconds: float) -> None:
         """Wait (at most ``seconds`` each) until subscribers have every message sent."""

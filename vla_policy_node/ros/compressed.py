@@ -67,9 +67,11 @@ def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096) -> np
     codec, swapped = parse_format(msg.format)
     if len(msg.data) == 0:
         raise ConversionError('compressed image has no data')
+    # Pillow's decoders raise more than OSError on hostile bytes (SyntaxError for a broken PNG
+    # chunk, struct.error, EOFError): any of them is a bad message, never a crash.
     try:
         image = PILImage.open(io.BytesIO(msg.data), formats=[CODECS[codec]])
-    except (OSError, ValueError, PILImage.DecompressionBombError) as error:
+    except Exception as error:
         raise ConversionError(f'compressed image is not a valid {codec}: {error}') from error
     width, height = image.size
     if height * width > max_pixels:
@@ -79,7 +81,7 @@ def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096) -> np
                               'grey, RGB and RGBA are accepted')
     try:
         rgb = np.asarray(image.convert('RGB') if image.mode != 'RGB' else image, dtype=np.uint8)
-    except (OSError, ValueError) as error:
+    except Exception as error:
         raise ConversionError(f'compressed image could not be decoded: {error}') from error
     if swapped:
         rgb = rgb[:, :, ::-1]

@@ -108,6 +108,7 @@ class PolicyWiring:
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
+        self._envelope = loop_settings(self._settings).limits   # limits only tighten from here on
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
@@ -229,8 +230,8 @@ class PolicyWiring:
     def _on_control_tick(self) -> None:
         self._take_joint_states()
         self._take_frames()
-        subscribers, others, topic = self._outputs.link(self._other_publishers)
-        self._loop.set_command_link(subscribers, others, topic)
+        subscribers, others, topic, unheard = self._outputs.link(self._other_publishers)
+        self._loop.set_command_link(subscribers, others, topic, unheard)
         self._loop.tick(self._now())
 
     def _on_chunk_ready(self) -> None:
@@ -260,6 +261,9 @@ class PolicyWiring:
     def _on_set_parameters(self, parameters: list[Parameter]) -> SetParametersResult:
         """Validate only (the loop too: limits only tighten); state changes in the post-set callback."""
         settings, reason = validate_change(current_values(self), parameters)
+        if reason is None:      # also with no loop yet (lifecycle: unconfigured), or configure widens them
+            looser = loop_settings(settings).limits.loosened_from(self._envelope)
+            reason = None if looser is None else f'limits: {looser}'
         if reason is None and self._loop is not None:
             reason = self._loop.check_update(loop_settings(settings))
         if reason is None and not hasattr(self, 'add_post_set_parameters_callback'):

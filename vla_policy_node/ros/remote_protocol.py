@@ -29,7 +29,7 @@ round-trip exactly (repr); times are the robot's own clock, returned untouched. 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import json
 import math
@@ -44,6 +44,7 @@ VERSION = 1
 REQUESTS_TOPIC = 'requests'
 CHUNKS_TOPIC = 'chunks'
 MAX_CAMERA_PIXELS = 4096 * 4096
+MAX_META_BYTES = 1 << 20        # a task, a state and a few shapes: far below; bounds json.loads
 
 
 class ProtocolError(ValueError):
@@ -90,6 +91,8 @@ def _unpack(msg: UInt8MultiArray) -> tuple[dict[str, Any], dict[str, memoryview]
         offset += dim.size
     if offset != len(data) or 'meta' not in segments:
         raise ProtocolError('layout.dim must describe data exactly, starting with a meta segment')
+    if len(segments['meta']) > MAX_META_BYTES:
+        raise ProtocolError(f'meta is {len(segments["meta"])} bytes, more than {MAX_META_BYTES}')
     try:
         meta = json.loads(bytes(segments.pop('meta')))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -133,9 +136,29 @@ def encode_request(robot: str, request_id: int, episode: int, obs_time: float,
     return _pack(meta, segments)
 
 
+def _decoded(decode: Callable[[UInt8MultiArray], Any], msg: UInt8MultiArray) -> Any:
+    """
+    Run ``decode``; whatever hostile bytes provoke in it is a ProtocolError, never a crash.
+
+    Valid JSON can still be deeply nested (RecursionError), hold a 5,000-digit integer
+    (ValueError), a number beyond float (OverflowError) or a list of the wrong things (TypeError).
+    """
+    try:
+        return decode(msg)
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, KeyError, AttributeError) as error:
+        raise ProtocolError(f'malformed message: {type(error).__name__}: {str(error)[:200]}') from error
+
+
 def decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[str, Any],
                                                   RTCGuidance | None]:
     """Return (robot, request_id, episode, obs_time, observation, rtc); ProtocolError if malformed."""
+    return _decoded(_decode_request, msg)
+
+
+def _decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[str, Any],
+                                                   RTCGuidance | None]:
     meta, segments = _unpack(msg)
     robot = _field(meta, 'robot', str)
     request_id, episode = _field(meta, 'request_id', int), _field(meta, 'episode', int)
@@ -202,6 +225,10 @@ def encode_chunk(robot: str, request_id: int, episode: int, obs_time: float,
 
 def decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
     """Decode an answer; ProtocolError if malformed."""
+    return _decoded(_decode_chunk, msg)
+
+
+def _decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
     meta, segments = _unpack(msg)
     fault = meta.get('fault')
     chunk = None

@@ -77,6 +77,15 @@ class SmolVLAConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Ranges only: a value of the wrong type is left to checkpoint.check_config_types, which names it.
+        for name in ("chunk_size", "max_state_dim", "max_action_dim", "num_steps", "tokenizer_max_length"):
+            if isinstance(getattr(self, name), int) and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        periods = (self.min_period, self.max_period)
+        if all(isinstance(p, (int, float)) for p in periods) and not 0 < periods[0] < periods[1]:
+            raise ValueError(f"need 0 < min_period < max_period, got {self.min_period}, {self.max_period}")
+        if len(self.image_size) != 2 or min(self.image_size) <= 0:
+            raise ValueError(f"resize_imgs_with_padding must be two positive sizes, got {self.image_size}")
         if self.attention_mode not in ("cross_attn", "self_attn"):
             raise ValueError(f"unsupported SmolVLA attention_mode {self.attention_mode!r}")
         if self.text.num_layers % self.expert.num_layers:
@@ -119,6 +128,8 @@ class SmolVLAConfig:
         state = features.get("observation.state", {}).get("shape", [0])
         action = cfg.get("output_features", {}).get("action", {}).get("shape", [0])
         size = cfg.get("resize_imgs_with_padding") or [vis["image_size"], vis["image_size"]]
+        if not (isinstance(size, list) and len(size) == 2 and all(isinstance(n, int) for n in size)):
+            raise ValueError(f"resize_imgs_with_padding must be [width, height], got {size!r}")
         return cls(
             text=DecoderSpec(width=text["hidden_size"], num_layers=n_vlm, mlp_width=text["intermediate_size"],
                              **common),
