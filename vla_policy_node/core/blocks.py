@@ -278,3 +278,20 @@ def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period
     period = min_period * (max_period / min_period) ** fraction
     angle = (2 * torch.pi / period)[None, :] * t.to(torch.float64)[:, None]
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)
+
+
+def check_flow_config(config: object) -> None:
+    """
+    Raise ValueError on sizes or time-embedding periods no flow-matching family can run with.
+
+    Sizes must be > 0 and ``0 < min_period < max_period`` (else the time embedding is NaN or
+    divides by zero). Values of the wrong type are left to ``checkpoint.check_config_types``,
+    which names them.
+    """
+    for name in ("chunk_size", "max_state_dim", "max_action_dim", "num_steps", "tokenizer_max_length"):
+        value = getattr(config, name)
+        if isinstance(value, int) and value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    low, high = getattr(config, "min_period"), getattr(config, "max_period")
+    if all(isinstance(p, (int, float)) for p in (low, high)) and not 0 < low < high:
+        raise ValueError(f"need 0 < min_period < max_period, got {low}, {high}")

@@ -199,18 +199,20 @@ class ChunkScheduler:
             self._pending = None
             self._stats["requests_cancelled"] += 1
 
-    def submit_chunk(self, request: ChunkRequest, chunk: np.ndarray, now: float) -> bool:
+    def submit_chunk(self, request: ChunkRequest, chunk: np.ndarray, now: float,
+                     width: int | None = None) -> bool:
         """
         Queue a chunk (T, A), T >= horizon; False if it belongs to an old request or episode.
 
-        Raises ValueError on a malformed or non-finite chunk (the request is closed).
+        Raises ValueError on a malformed or non-finite chunk, or one whose A is not ``width``
+        (when given: the joints it drives); the request is closed.
         """
         if not self.awaits(request):
             self._stats["chunks_discarded"] += 1
             return False
         self._pending = None
         actions = np.asarray(chunk, dtype=np.float64)
-        error = self._check_chunk(actions)
+        error = self._check_chunk(actions, width)
         if error:
             self._stats["chunks_rejected"] += 1
             raise ValueError(error)
@@ -226,9 +228,11 @@ class ChunkScheduler:
         self._blend_in(kept, np.full(len(kept), request.obs_time))
         return True
 
-    def _check_chunk(self, actions: np.ndarray) -> str | None:
+    def _check_chunk(self, actions: np.ndarray, width: int | None) -> str | None:
         if actions.ndim != 2 or actions.shape[0] < self.config.horizon:
             return f"chunk must be (T >= {self.config.horizon}, A), got shape {actions.shape}"
+        if width is not None and actions.shape[1] != width:
+            return f"chunk of shape {actions.shape}, expected {width} actions per row (one per joint)"
         if self._chunks and actions.shape[1] != self._chunks[0][1].shape[1]:
             return f"chunk has {actions.shape[1]} action dims, the running one {self._chunks[0][1].shape[1]}"
         if not np.isfinite(actions).all():

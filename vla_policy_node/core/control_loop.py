@@ -477,13 +477,6 @@ class ControlLoop:
             fault, error = result.fault, result.error
             if fault is not None and fault not in LOOP_FAULTS:     # e.g. from a remote server
                 fault, error = FAULT_RAISED, f'unknown fault kind {fault!r}: {error}'
-            width = np.shape(result.chunk)[-1:] if fault is None else None
-            if width is not None and width != (len(self._settings.joint_names),):
-                if self._scheduler.awaits(result.request):
-                    self._scheduler.cancel_request(result.request)
-                    self._reject_chunk(f'chunk of shape {np.shape(result.chunk)}, expected '
-                                       f'{len(self._settings.joint_names)} actions per row (one per joint)')
-                return
             stale = latency > self._settings.max_observation_age
             if fault is None and stale and self._scheduler.awaits(result.request):
                 fault, error = FAULT_STALE, (
@@ -502,21 +495,18 @@ class ControlLoop:
                 self._limited_log(f'policy {fault}', 'warning', f'discarded policy output: {message}')
                 return
             try:
-                accepted = self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at)
+                accepted = self._scheduler.submit_chunk(result.request, result.chunk, result.finished_at,
+                                                        width=len(self._settings.joint_names))
             except ValueError as rejected:
-                self._reject_chunk(str(rejected))
+                self._counters['rejected_chunks'] += 1
+                self._policy_fault = f'policy output rejected: {rejected}'   # the hold that follows says why
+                self._limited_log('rejected chunk', 'warning', f'discarded policy output: {rejected}')
                 return
             if accepted:
                 self._last_latency = latency
                 self._policy_fault = None
                 if self._hold_reason is not None:
                     self._on_chunk_ready()
-
-    def _reject_chunk(self, reason: str) -> None:
-        """Count a malformed chunk; the hold that follows when the plan runs out says why."""
-        self._counters['rejected_chunks'] += 1
-        self._policy_fault = f'policy output rejected: {reason}'
-        self._limited_log('rejected chunk', 'warning', f'discarded policy output: {reason}')
 
     # ------------------------------------------------------------------ episodes
     def reset_episode(self, reason: str) -> int:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import additive_mask, make_att_2d_masks
-from ..blocks import DecoderLayer, DecoderSpec, make_norm
+from ..blocks import check_flow_config, DecoderLayer, DecoderSpec, make_norm
 from ..prefix_cache import PrefixKV, VLAPrefixCache
 from ..rope import rope_cos_sin
 from ..types import ModelInputs
@@ -148,11 +148,7 @@ class PiConfig:
     empty_cameras: int = 0             # extra all-masked cameras appended after the real ones
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size", "max_state_dim", "max_action_dim", "num_steps", "tokenizer_max_length"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not 0 < self.min_period < self.max_period:
-            raise ValueError(f"need 0 < min_period < max_period, got {self.min_period}, {self.max_period}")
+        check_flow_config(self)
         if self.backbone.expert.width % 2:
             raise ValueError(f"the sin/cos time embedding needs an even expert width, "
                              f"got {self.backbone.expert.width}")

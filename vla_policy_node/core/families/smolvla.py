@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import additive_mask, attention, make_att_2d_masks
-from ..blocks import DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
+from ..blocks import check_flow_config, DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..rope import apply_rope, rope_cos_sin
 from ..types import ModelInputs
@@ -77,13 +77,7 @@ class SmolVLAConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # Ranges only: a value of the wrong type is left to checkpoint.check_config_types, which names it.
-        for name in ("chunk_size", "max_state_dim", "max_action_dim", "num_steps", "tokenizer_max_length"):
-            if isinstance(getattr(self, name), int) and getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        periods = (self.min_period, self.max_period)
-        if all(isinstance(p, (int, float)) for p in periods) and not 0 < periods[0] < periods[1]:
-            raise ValueError(f"need 0 < min_period < max_period, got {self.min_period}, {self.max_period}")
+        check_flow_config(self)
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"resize_imgs_with_padding must be two positive sizes, got {self.image_size}")
         if self.attention_mode not in ("cross_attn", "self_attn"):
