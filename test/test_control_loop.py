@@ -319,3 +319,26 @@ def test_a_chunk_of_another_width_than_the_joints_is_refused_with_its_reason(wid
     assert not any(times is not None for _, times in rig.sent), 'nothing commanded from it'
     assert status.counters['rejected_chunks'] >= 1
     assert 'policy output rejected' in status.state and f'(4, {width})' in status.state
+
+
+def test_actions_age_from_the_oldest_input_of_their_observation_not_from_the_request():
+    """A frame 0.45 s old when the request starts: its actions expire 0.05 s later, not 0.5 s."""
+    rig = Rig(max_observation_age=0.5, max_action_age=0.5)
+    rig.loop.on_image('front', FRAME, 100.0, None)
+    rig.now = 100.45
+    rig.loop.on_joint_state(JOINTS, [0.0, 0.0, 0.0], rig.now, None)
+    rig.loop.tick(rig.now)
+    request = rig.inference.pending
+    assert request is not None and request.observed_at == 100.0
+    rig.inference.deliver(np.full((4, 3), 0.01), None, rig.now + 0.01)
+    published, states = [], []
+    for _ in range(4):                  # fresh inputs keep coming; no other chunk is answered
+        rig.now += DT
+        rig.feed([0.0, 0.0, 0.0])
+        rig.loop.tick(rig.now)
+        if rig.sent and rig.sent[-1][1] is not None:
+            published.append(rig.now)
+        states.append(rig.state())
+        rig.inference.pending = None
+    assert published and all(due - 100.0 <= 0.5 + 1e-9 for due in published), published
+    assert any('more than max_action_age' in state for state in states), states

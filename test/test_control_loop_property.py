@@ -159,7 +159,7 @@ def run_sequence(operations, blend, points, max_action_age):
             checker.measured = last_good
             loop.tick(now)
             if respond and inference.pending is not None:
-                checker.delivered.add(inference.pending.obs_time)
+                checker.delivered.add(inference.pending.observed_at)
                 inference.deliver(np.tile(state, (4, 1)) + 0.05 * np.arange(4)[:, None], None, now + DT / 2)
             checker.now += DT
             wall[0] += DT
@@ -186,7 +186,7 @@ def run_sequence(operations, blend, points, max_action_age):
             loop.reset_episode('test')
         elif kind == 'result':
             chunk = np.array(value).reshape(4, 3)
-            obs_time = inference.pending.obs_time if inference.pending else None
+            obs_time = inference.pending.observed_at if inference.pending else None
             if obs_time is not None:
                 checker.delivered.add(obs_time)
             inference.deliver(chunk, None, now)

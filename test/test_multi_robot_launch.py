@@ -22,6 +22,12 @@ def load():
         return module, module.generate_launch_description()
 
 
+def performed(context, node) -> dict:
+    """Return the parameters the launch gives ``node`` on top of its files, as the node gets them."""
+    from launch_ros.utilities import evaluate_parameters
+    return evaluate_parameters(context, node._Node__parameters)[-1]
+
+
 def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     module, description = load()
     context = launch.LaunchContext()
@@ -36,9 +42,16 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
     policy_nodes = nodes[1::2]
     for node in policy_nodes:
-        overrides = node._Node__parameters[1]
+        overrides = node._Node__parameters[-1]
         keys = {''.join(str(getattr(p, 'text', p)) for p in key) for key in overrides}
         assert {'inference', 'remote.server', 'chunking.horizon', 'joint_states_topic'} <= keys
+        demo = node._Node__parameters[1]          # demo.yaml's node settings: the arm's camera and joints
+        assert {''.join(str(getattr(p, 'text', p)) for p in key) for key in demo} >= {'camera_names', 'joint_names'}
+    for index, arm in enumerate(nodes[0::2], start=1):
+        assert performed(context, arm)['policy_node'] == f'/robot{index}/vla_policy_node'
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    assert performed(context, servers[0])['checkpoint'] == str(SHIPPED_CHECKPOINT)
+    assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
     from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
 

@@ -103,9 +103,15 @@ class ChunkRequest:
 
     request_id: int
     episode: int
-    obs_time: float  # seconds, the clock of the scheduler
+    obs_time: float  # seconds, the clock of the scheduler: when the request was made
     step: int
     rtc: RTCGuidance | None  # set in rtc mode when actions are committed
+    oldest_input: float | None = None  # arrival of the oldest input it carries (None: obs_time)
+
+    @property
+    def observed_at(self) -> float:
+        """Return when its observation was taken: its oldest input, which ages every action from it."""
+        return self.obs_time if self.oldest_input is None else min(self.oldest_input, self.obs_time)
 
 
 class ChunkScheduler:
@@ -171,8 +177,13 @@ class ChunkScheduler:
         threshold = self.config.refill_threshold * self.config.horizon
         return self._pending is None and self.actions_left <= threshold
 
-    def begin_request(self, now: float) -> ChunkRequest:
-        """Open a request for an observation taken at ``now``; one at a time."""
+    def begin_request(self, now: float, oldest_input: float | None = None) -> ChunkRequest:
+        """
+        Open a request at ``now``; one at a time.
+
+        ``oldest_input``: when the oldest input of its observation arrived. The actions are
+        aged from it; the delay compensation counts from ``now``, when the steps it skips begin.
+        """
         if self._pending is not None:
             raise RuntimeError(f"request {self._pending.request_id} is still in flight")
         rtc = None
@@ -182,7 +193,7 @@ class ChunkScheduler:
             delay = self.delay_steps
             delay = len(prefix) if delay is None else min(delay, len(prefix))
             rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight, self.config.rtc_guidance)
-        self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc)
+        self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc, oldest_input)
         self._pending_is_startup = not self._received
         self._next_id += 1
         self._stats["chunks_requested"] += 1
@@ -225,7 +236,7 @@ class ChunkScheduler:
         self._stats["actions_skipped"] += skip
         self._received = True
         kept = actions[skip:self.config.horizon]
-        self._blend_in(kept, np.full(len(kept), request.obs_time))
+        self._blend_in(kept, np.full(len(kept), request.observed_at))
         return True
 
     def _check_chunk(self, actions: np.ndarray, width: int | None) -> str | None:

@@ -367,7 +367,7 @@ class ControlLoop:
 
     def _request_chunk(self, now: float) -> None:
         if self._scheduler.needs_chunk() and not self._inference.busy:
-            request = self._scheduler.begin_request(now)
+            request = self._scheduler.begin_request(now, self._inputs.oldest_input())
             if not self._inference.submit(request, self._inputs.observation()):
                 self._scheduler.cancel_request(request)
 
@@ -474,13 +474,14 @@ class ControlLoop:
             if self._stopped:
                 return
             latency = result.finished_at - result.request.obs_time
+            age = result.finished_at - result.request.observed_at
             fault, error = result.fault, result.error
             if fault is not None and fault not in LOOP_FAULTS:     # e.g. from a remote server
                 fault, error = FAULT_RAISED, f'unknown fault kind {fault!r}: {error}'
-            stale = latency > self._settings.max_observation_age
+            stale = age > self._settings.max_observation_age
             if fault is None and stale and self._scheduler.awaits(result.request):
                 fault, error = FAULT_STALE, (
-                    f'chunk arrived {latency:.3f} s after its observation, more than '
+                    f'chunk arrived {age:.3f} s after its observation, more than '
                     f'max_observation_age = {self._settings.max_observation_age:g} s')
             if fault is not None:
                 message = f'policy {fault}: {error}'

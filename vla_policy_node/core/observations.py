@@ -195,6 +195,11 @@ class ObservationBuffer:
             return None
         return self._positions.copy()
 
+    def oldest_input(self) -> float:
+        """Return when the oldest camera frame or joint position in the observation arrived."""
+        return float(min([self._image_stamps[name] for name in self._camera_names]
+                         + self._joint_stamps.tolist()))
+
     def observation(self) -> dict[str, Any]:
         """Return the policy input (see the policy contract); valid if ``problem`` is None."""
         return {
