@@ -228,14 +228,17 @@ def test_a_stopped_sim_clock_makes_the_node_hold_and_keep_reporting(tmp_path):
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'use_sim_time': True}}}))
     with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), make) as (node, probe):
         assert wait_until(lambda: probe.state() == 'commanding', 30.0), node.output
-        # A loaded machine can starve the probe's /clock before this point: count from here.
+        # A loaded machine can starve the probe's /clock before this point, and /diagnostics lags
+        # the node: judge the stop by what the counters do while the clock stands, not by a sum.
         holds = probe.counter('watchdog_holds')
         probe.running = False
         assert wait_until(lambda: 'no control tick' in probe.state(), 5.0), probe.state()
-        assert probe.counter('watchdog_holds') == holds + 1, 'one hold per stop, not per check'
         time.sleep(0.3)
-        ticks, count = probe.counter('control_ticks'), probe.command_count()
+        stopped_holds, ticks = probe.counters('watchdog_holds', 'control_ticks')
+        count = probe.command_count()
+        assert stopped_holds > holds, 'the stopped clock is counted as a watchdog hold'
         time.sleep(1.5)
+        assert probe.counter('watchdog_holds') == stopped_holds, 'one hold per stop, not per check'
         assert probe.counter('control_ticks') == ticks, 'the control timer runs on /clock'
         assert probe.command_count() == count, 'nothing but the one hold while the clock stands'
         probe.running = True
