@@ -54,9 +54,9 @@ $(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
 	$(PYTHON) -c 'import composition_interfaces.srv, launch_ros.actions, launch_testing'
 	touch $@
 
-# Editable install: puts the vla_policy_node, vla_policy_server, vla_policy_sim_robot,
-# vla-policy-train, vla-policy-sim-eval and vla-policy-replay console scripts in $(VENV)/bin,
-# running this source tree.
+# Editable install: puts the vla_policy_node, vla_policy_lifecycle_node, vla_policy_server,
+# vla_policy_sim_robot, vla-policy-bench, vla-policy-train, vla-policy-sim-eval and
+# vla-policy-replay console scripts in $(VENV)/bin, running this source tree.
 install: $(VENV)/.install-stamp
 $(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) setup.py setup.cfg package.xml \
     $(wildcard launch/* config/*)

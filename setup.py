@@ -34,7 +34,7 @@ setup(
     zip_safe=False,
     maintainer='vla_policy_node maintainers',
     maintainer_email='vla-policy-node@example.com',
-    description='Vision-Language-Action policies (SmolVLA, pi0) in a ROS 2 control loop.',
+    description='Vision-Language-Action policies (SmolVLA, pi0, pi0.5) in a ROS 2 control loop.',
     license='Apache-2.0',
     python_requires='>=3.10',
     extras_require={'test': ['pytest']},     # colcon test runs pytest (tests_require is gone)

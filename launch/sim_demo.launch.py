@@ -12,7 +12,8 @@ import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, RegisterEventHandler, Shutdown
+from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
@@ -21,21 +22,31 @@ from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
 def generate_launch_description() -> LaunchDescription:
-    """Declare the episode count; start the node (default.yaml, demo.yaml, checkpoint) and the robot."""
+    """
+    Declare the episode count; start the node (default.yaml, demo.yaml, checkpoint) and the robot.
+
+    The launch ends when either process exits, as ``make demo`` does: the robot after its
+    episodes, the node if it cannot start.
+    """
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
     demo = os.path.join(config, 'demo.yaml')
+    node = Node(
+        package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
+        output='screen', emulate_tty=True,
+        parameters=[os.path.join(config, 'default.yaml'), demo, {'checkpoint': str(SHIPPED_CHECKPOINT)}],
+    )
+    robot = Node(
+        package='vla_policy_node', executable='vla_policy_sim_robot', name='vla_policy_sim_robot',
+        output='screen', emulate_tty=True,
+        parameters=[demo, {'episodes': ParameterValue(LaunchConfiguration('episodes'), value_type=int),
+                           'record_prefix': 'demo_episode'}],
+    )
     return LaunchDescription([
         DeclareLaunchArgument('episodes', default_value='10', description='Episodes to run.'),
-        Node(
-            package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
-            output='screen', emulate_tty=True,
-            parameters=[os.path.join(config, 'default.yaml'), demo,
-                        {'checkpoint': str(SHIPPED_CHECKPOINT)}],
-        ),
-        Node(
-            package='vla_policy_node', executable='vla_policy_sim_robot', name='vla_policy_sim_robot',
-            output='screen', emulate_tty=True,
-            parameters=[demo, {'episodes': ParameterValue(LaunchConfiguration('episodes'), value_type=int),
-                               'record_prefix': 'demo_episode'}],
-        ),
+        node,
+        robot,
+        RegisterEventHandler(OnProcessExit(target_action=robot, on_exit=[
+            Shutdown(reason='the simulated robot finished its episodes')])),
+        RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
+            Shutdown(reason='the policy node exited')])),
     ])

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from vla_policy_node import ament_registration
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / 'config' / 'default.yaml'
 # The tests drive the tiny model with random weights, which the node refuses unless told.
@@ -28,7 +30,6 @@ DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '40'))
 # Above 101 the DDS ports (7400 + 250 * id + offsets) reach Linux's ephemeral range (32768+),
 # where another socket may already hold them: tests on domains 104-105 failed that way.
 MAX_DOMAIN_ID = 101
-INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', 'vla_policy_node')
 _domain_ids = itertools.count(DOMAIN_BASE)
 
 
@@ -49,19 +50,11 @@ def ros_env(domain_id: int) -> dict[str, str]:
 
 
 def installed_executable(name: str = 'vla_policy_node') -> Path:
-    """
-    Return the installed executable as ``ros2 run`` finds it, else pip's console script.
-
-    First ``lib/vla_policy_node/<name>`` of the package's prefix on AMENT_PREFIX_PATH (colcon
-    install, or the venv ``make install`` registers), then the script next to this interpreter.
-    """
-    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
-        path = Path(prefix) / 'lib' / 'vla_policy_node' / name
-        if prefix and (Path(prefix) / INDEX_MARKER).is_file() and path.is_file():
-            return path
-    path = Path(sys.executable).parent / name
-    assert path.exists(), f'{path} is not installed: run `make install` (pip install -e .)'
-    return path
+    """Return the installed executable ``name`` (the package's own lookup, asserted to exist)."""
+    try:
+        return ament_registration.installed_executable(name)
+    except FileNotFoundError as missing:
+        raise AssertionError(str(missing)) from None
 
 
 class NodeProcess:

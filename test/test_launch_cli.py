@@ -9,6 +9,7 @@ make ``ros2 launch`` exit non-zero; ``lifecycle:=true`` starts the managed node.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 import signal
 import subprocess
@@ -124,3 +125,17 @@ def test_an_include_in_its_own_scope_passes_only_its_arguments(env, tmp_path):
     assert 'cannot start: could not load the policy' in result.stdout, result.stdout
     assert '-r __ns:=/robot1' in result.stdout, result.stdout
     assert result.returncode != 0
+
+
+def test_the_sim_demo_launch_ends_with_its_episodes(env, tmp_path):
+    launch = subprocess.Popen([ros2_command(), 'launch', 'vla_policy_node', 'sim_demo.launch.py', 'episodes:=1'],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        output, _ = launch.communicate(timeout=120.0)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)        # the launch and both of its processes
+        output, _ = launch.communicate()
+        pytest.fail(f'the launch did not end after its episode:\n{output}')
+    assert launch.returncode == 0, output
+    assert 'success rate: 1/1' in output, output

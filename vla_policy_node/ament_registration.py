@@ -13,6 +13,7 @@ prefix must then be on ``AMENT_PREFIX_PATH``. Usage:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 import sys
 
@@ -24,6 +25,7 @@ EXECUTABLES = {
     'vla_policy_server': f'{PACKAGE}.ros.entry:server_main',
     'vla_policy_sim_robot': f'{PACKAGE}.ros.sim_robot:main',
 }
+INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', PACKAGE)
 SHARED = ('launch', 'config', 'package.xml')
 SCRIPT = '''#!{python}
 import sys
@@ -32,11 +34,29 @@ sys.exit({function}())
 '''
 
 
+def installed_executable(name: str = PACKAGE) -> Path:
+    """
+    Return where executable ``name`` of this package is installed.
+
+    First ``lib/vla_policy_node/<name>`` of the package's prefix on ``AMENT_PREFIX_PATH`` (a
+    colcon install, or the venv ``make install`` registers), then the script next to this
+    interpreter (``pip install``). Raises FileNotFoundError when neither exists.
+    """
+    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
+        path = Path(prefix) / 'lib' / PACKAGE / name
+        if prefix and (Path(prefix) / INDEX_MARKER).is_file() and path.is_file():
+            return path
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise FileNotFoundError(f'executable {name} of {PACKAGE} is not installed: not in lib/{PACKAGE} of any '
+                                f'AMENT_PREFIX_PATH prefix, nor at {path} (run `make install` or colcon build)')
+    return path
+
+
 def register(prefix: Path, source: Path, python: Path) -> None:
     """Write the index marker, link ``share/<pkg>/*`` to ``source``, write ``lib/<pkg>/*`` for ``python``."""
-    index = prefix / 'share' / 'ament_index' / 'resource_index' / 'packages'
-    index.mkdir(parents=True, exist_ok=True)
-    (index / PACKAGE).touch()
+    (prefix / INDEX_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (prefix / INDEX_MARKER).touch()
     share = prefix / 'share' / PACKAGE
     for name in SHARED:     # file by file: ros2 launch does not look inside linked folders
         origin = source / name

@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from vla_policy_node.ament_registration import installed_executable
 
 DOMAIN_ID = int(os.environ.get("VLA_BENCH_DOMAIN_ID", "97"))      # 80-99 are the project's test domains
 STALE_AFTER = 0.2            # s: the node's max_observation_age here
@@ -80,9 +81,10 @@ def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int]
 
     from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
 
-    node_exe = Path(sys.executable).parent / "vla_policy_node"
-    if not node_exe.exists():
-        return {"available": False, "reason": f"{node_exe} not installed (make install)"}
+    try:
+        node_exe = installed_executable()
+    except FileNotFoundError as missing:
+        return {"available": False, "reason": str(missing)}
     work = Path(tempfile.mkdtemp(prefix="vla-bench-dds-"))
     params = work / "params.yaml"
     write_params(params, checkpoint, [c.split(".")[-1] for c in camera_names], dtype, threads, rate_hz,

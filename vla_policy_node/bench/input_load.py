@@ -18,13 +18,13 @@ import argparse
 import os
 from pathlib import Path
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import yaml
 
+from vla_policy_node.ament_registration import installed_executable
 from vla_policy_node.bench.dds import DOMAIN_ID, ros_env
 
 CONFIG = Path(__file__).resolve().parents[2] / 'config' / 'default.yaml'
@@ -123,7 +123,7 @@ def measure(args: argparse.Namespace, env: dict[str, str]) -> int:
 
     from vla_policy_node.ros.qos import COMMAND_QOS
     parameters = yaml.safe_load(CONFIG.read_text())['/**']['ros__parameters']
-    node_exe = Path(sys.executable).parent / 'vla_policy_node'
+    node_exe = installed_executable()
     process = subprocess.Popen(
         [str(node_exe), '--ros-args', '--params-file', str(CONFIG), '-p', 'allow_random_weights:=true',
          '-p', 'num_threads:=1'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -19,12 +19,12 @@ import argparse
 from pathlib import Path
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
+from vla_policy_node.ament_registration import installed_executable
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
@@ -77,7 +77,7 @@ def run_dds(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruct
     from vla_policy_node.ros.sim_robot import SimRobot
 
     node = subprocess.Popen(
-        [str(Path(sys.executable).parent / 'vla_policy_node'), '--ros-args',
+        [str(installed_executable()), '--ros-args',
          '--params-file', str(package_config('default.yaml')), '--params-file', str(package_config('demo.yaml')),
          '-p', f'checkpoint:={checkpoint}', '--log-level', 'ERROR'])
     rclpy.init()
