@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ class Answers:
 
 
 def request(client: str, observation: dict, request_id: int = 0) -> ServedRequest:
-    return ServedRequest(client, request_id, 0, 1.0, observation, None)
+    return ServedRequest(client, request_id, observation, None)
 
 
 def test_requests_within_the_window_share_one_prefix_pass(policy):
@@ -86,7 +87,7 @@ def test_requests_within_the_window_share_one_prefix_pass(policy):
     assert sorted(a.request.client for a in answers.items) == [f'/robot{i}' for i in range(4)]
     for answer in answers.items:
         assert answer.fault is None and answer.batch_size == 4
-        assert answer.request.request_id == 10 + int(answer.request.client[-1])
+        assert answer.request.reply_to == 10 + int(answer.request.client[-1])
         assert answer.chunk.shape == (policy.chunk_size, 6) and answer.queue_wait >= 0
 
 
@@ -100,7 +101,7 @@ def test_a_newer_request_replaces_the_queued_one_of_the_same_robot(policy):
     server.submit(request('/a', obs[2], 2))
     assert answers.done.wait(30.0)
     assert server.stop(5.0)
-    assert sorted((a.request.client, a.request.request_id) for a in answers.items) == [('/a', 2), ('/b', 1)]
+    assert sorted((a.request.client, a.request.reply_to) for a in answers.items) == [('/a', 2), ('/b', 1)]
     assert server.stats['counters']['superseded_requests'] == 1
 
 
@@ -124,3 +125,48 @@ def test_batch_config_refuses_bad_values():
         BatchConfig(window=-1.0)
     with pytest.raises(ValueError, match='max_batch'):
         BatchConfig(max_batch=0)
+    with pytest.raises(ValueError, match='max_queued'):
+        BatchConfig(max_batch=4, max_queued=3)
+
+
+def test_robots_beyond_the_queue_bound_are_refused_at_once_and_a_waiting_robot_may_renew(policy):
+    """A flood of robots cannot grow the queue: each one beyond the bound gets a fault answer."""
+    answers = Answers(2)
+    server = BatchServer(policy, answers, BatchConfig(window=0.5, max_batch=2, max_queued=2))
+    obs = observations(1)[0]           # not started: requests stay queued
+    for i in range(5):
+        server.submit(request(f'/r{i}', obs, i))
+    server.submit(request('/r0', obs, 9))                        # a queued robot renews its request
+    assert [(a.request.client, a.fault) for a in answers.items] == [(f'/r{i}', 'raised') for i in (2, 3, 4)]
+    assert 'server overloaded: 2 robots already wait' in answers.items[0].error
+    counters = server.stats['counters']
+    assert (counters['requests'], counters['refused_requests'], counters['superseded_requests']) == (6, 3, 1)
+    answers.items.clear()
+    server.start()
+    assert answers.done.wait(30.0)
+    assert server.stop(5.0)
+    assert sorted((a.request.client, a.request.reply_to, a.fault) for a in answers.items) == [
+        ('/r0', 9, None), ('/r1', 1, None)]
+
+
+def test_an_answer_that_cannot_be_sent_does_not_stop_serving(policy):
+    sent = []
+
+    def flaky(served) -> None:
+        if served.request.client == '/bad':
+            raise RuntimeError('publisher gone')
+        sent.append(served)
+    server = BatchServer(policy, flaky, BatchConfig(window=0.2, max_batch=2))
+    server.start()
+    obs = observations(2)
+    server.submit(request('/bad', obs[0]))
+    server.submit(request('/good', obs[1]))
+    deadline = time.monotonic() + 30.0
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.submit(request('/good', obs[1], 1))
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.alive and server.stop(5.0)
+    assert [a.request.reply_to for a in sent] == [0, 1]
+    assert server.stats['counters']['answer_errors'] == 1

@@ -64,8 +64,8 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     from rclpy.executors import SingleThreadedExecutor
     from std_msgs.msg import UInt8MultiArray
 
-    from vla_policy_node.ros.qos import REMOTE_QOS
-    from vla_policy_node.ros.remote_protocol import decode_chunk, encode_request
+    from vla_policy_node.ros.qos import REMOTE_FLEET_QOS
+    from vla_policy_node.ros.remote_protocol import decode_chunk, encode_request, RequestKey
 
     work = Path(tempfile.mkdtemp(prefix='vla-bench-remote-'))
     params = work / 'server.yaml'
@@ -83,10 +83,11 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     lock = threading.Lock()
     state = {'robots': 0, 'sent': {}, 'latencies': [], 'batch_sizes': [], 'chunks': 0}
     observations = [observation(frame, i) for i in range(max(robot_counts))]
-    requests = node.create_publisher(UInt8MultiArray, '/vla_policy_server/requests', REMOTE_QOS)
+    requests = node.create_publisher(UInt8MultiArray, '/vla_policy_server/requests', REMOTE_FLEET_QOS)
 
     def send(robot: int, request_id: int) -> None:
-        msg = encode_request(f'/robot{robot}', request_id, 0, 0.0, observations[robot], None)
+        msg = encode_request(RequestKey(f'/robot{robot}', 'bench', request_id, 0, 0.0), JOINTS, observations[robot],
+                             None)
         with lock:
             state['sent'][robot] = (request_id, time.perf_counter())
         requests.publish(msg)
@@ -94,10 +95,10 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     def on_answer(msg) -> None:
         answer = decode_chunk(msg)
         arrived = time.perf_counter()
-        robot = int(answer.robot[len('/robot'):])
+        robot = int(answer.key.robot[len('/robot'):])
         with lock:
             request_id, sent = state['sent'].get(robot, (None, 0.0))
-            if request_id != answer.request_id or robot >= state['robots']:
+            if request_id != answer.key.request_id or robot >= state['robots']:
                 return
             if answer.fault is None:
                 state['latencies'].append(arrived - sent)
@@ -105,7 +106,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
                 state['chunks'] += 1
         send(robot, request_id + 1)
 
-    node.create_subscription(UInt8MultiArray, '/vla_policy_server/chunks', on_answer, REMOTE_QOS)
+    node.create_subscription(UInt8MultiArray, '/vla_policy_server/chunks', on_answer, REMOTE_FLEET_QOS)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     threading.Thread(target=executor.spin, daemon=True).start()

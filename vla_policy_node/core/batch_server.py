@@ -10,11 +10,13 @@ real-time chunking guidance. Requests that cannot share a pass (other cameras or
 run as batches of their own, so a batch never mixes shapes.
 
 A robot has at most one request queued: a newer one replaces it (the older observation would
-only be stale by the time it ran). A batch that raises runs again one request at a time, so a
-malformed observation faults only its own robot. The server has no per-robot state between
-requests: each pass rebuilds the cache from the observations, so an episode reset on a robot
-needs nothing here. Every safety decision (deadline, staleness, episodes) stays on the robot.
-Plain threading: no ROS.
+only be stale by the time it ran). At most ``max_queued`` robots wait at once; a request
+beyond that is answered at once with a fault, so a flood of robots cannot exhaust memory. A
+batch that raises runs again one request at a time, so a malformed observation faults only
+its own robot; an answer that cannot be sent is counted and the others still go out. The
+server has no per-robot state between requests: each pass rebuilds the cache from the
+observations, so an episode reset on a robot needs nothing here. Every safety decision
+(deadline, staleness, episodes) stays on the robot. Plain threading: no ROS.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import numpy as np
 from vla_policy_node.core.chunking import RTCGuidance
 from vla_policy_node.core.inference import FAULT_NON_FINITE, FAULT_RAISED
 
-SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes')
+SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
+                   'refused_requests', 'answer_errors')
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,13 @@ class ServedRequest:
     """
     One robot's request, as the server received it.
 
-    client: the robot's unique name; request_id, episode, obs_time: the robot's (returned as
-    they came, the server never interprets them). observation: images {camera: (H, W, 3)
-    uint8}, state (D,), task. received_at: the server's clock on arrival (set by ``submit``).
+    client: the robot's unique name; reply_to: what its answer must carry back (returned as it
+    came, never interpreted here). observation: images {camera: (H, W, 3) uint8}, state (D,),
+    task. received_at: the server's clock on arrival (set by ``submit``).
     """
 
     client: str
-    request_id: int
-    episode: int
-    obs_time: float
+    reply_to: Any
     observation: dict[str, Any]
     rtc: RTCGuidance | None
     received_at: float = 0.0
@@ -72,16 +73,19 @@ class ServedChunk:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How long a first request waits for company, and the largest batch."""
+    """How long a first request waits for company, the largest batch, the most robots waiting."""
 
     window: float = 0.005       # seconds
     max_batch: int = 16
+    max_queued: int = 256
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.window <= 1.0):
             raise ValueError(f'window must be in [0, 1] s, got {self.window}')
         if self.max_batch < 1:
             raise ValueError(f'max_batch must be >= 1, got {self.max_batch}')
+        if self.max_queued < self.max_batch:
+            raise ValueError(f'max_queued must be >= max_batch ({self.max_batch}), got {self.max_queued}')
 
 
 class BatchServer:
@@ -112,16 +116,24 @@ class BatchServer:
         return self._thread.is_alive()
 
     def submit(self, request: ServedRequest) -> None:
-        """Queue a request; it replaces one of the same client still waiting."""
+        """Queue a request; it replaces one of the same client still waiting, or is refused when full."""
         request = replace(request, received_at=self._clock())
         with self._condition:
             if self._stopping:
                 return
             self._counters['requests'] += 1
-            if self._queue.pop(request.client, None) is not None:
-                self._counters['superseded_requests'] += 1
-            self._queue[request.client] = request
-            self._condition.notify()
+            full = request.client not in self._queue and len(self._queue) >= self._config.max_queued
+            if full:
+                self._counters['refused_requests'] += 1
+            else:
+                if self._queue.pop(request.client, None) is not None:
+                    self._counters['superseded_requests'] += 1
+                self._queue[request.client] = request
+                self._condition.notify()
+        if full:
+            self._deliver(ServedChunk(request, None, FAULT_RAISED,
+                                      f'server overloaded: {self._config.max_queued} robots already wait',
+                                      0.0, 0.0, 0))
 
     def stop(self, timeout: float) -> bool:
         """Stop after the running batch; True when the thread has finished."""
@@ -185,8 +197,16 @@ class BatchServer:
             waits = [started - r.received_at for r in batch]
             self._queue_waits = self._queue_waits[-999:] + waits
         for request, wait, (chunk, fault, text) in zip(batch, waits, answers):
-            self._on_chunk(ServedChunk(request, None if fault else chunk, fault, text, wait, compute,
-                                       len(batch)))
+            self._deliver(ServedChunk(request, None if fault else chunk, fault, text, wait, compute,
+                                      len(batch)))
+
+    def _deliver(self, answer: ServedChunk) -> None:
+        """Hand one answer on; a failure to send it must not stop serving the others."""
+        try:
+            self._on_chunk(answer)
+        except Exception:  # noqa: B902 - the robot sees a missing answer as late and holds
+            with self._condition:
+                self._counters['answer_errors'] += 1
 
     def _count_fault(self) -> None:
         with self._condition:

@@ -85,6 +85,11 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
         reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points)
 
 
+def remote_deadline(settings: NodeSettings) -> float:
+    """Seconds to wait for a server's answer: past ``max_observation_age`` it would be refused as stale."""
+    return min(settings.policy_deadline, settings.max_observation_age)
+
+
 def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig:
     """Chunk execution settings (horizon 0 means the policy's whole chunk)."""
     chunking = settings.chunking
@@ -136,8 +141,8 @@ class PolicyWiring:
         """Return (the policy, its inference thread), or (None, the remote server's client)."""
         settings = self._settings
         if settings.inference == 'remote':
-            return None, RemoteInference(self, settings.remote_server, self._now,
-                                         settings.policy_deadline, self.get_logger().warning)
+            return None, RemoteInference(self, settings.remote_server, settings.joint_names, self._now,
+                                         remote_deadline(settings), self.get_logger().warning)
         policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
@@ -283,7 +288,9 @@ class PolicyWiring:
             self.get_logger().error(f'parameter change not applied to the control loop: {error}')
             return
         self._settings = settings
-        if self._worker is not None:
+        if isinstance(self._worker, RemoteInference):
+            self._worker.deadline = remote_deadline(settings)
+        elif self._worker is not None:
             self._worker.deadline = settings.policy_deadline
 
     # ------------------------------------------------------------------ reporting

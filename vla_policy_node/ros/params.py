@@ -212,7 +212,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'only). Set false for sources whose clock is not synchronised with this '
               'node\'s.', read_only=False),
     ParamSpec('policy_deadline', 5.0, 'Seconds one inference may take; a later chunk is '
-              'discarded (the robot holds) and the next control step tries again.',
+              'discarded (the robot holds) and the next control step tries again. With inference '
+              'remote, the server\'s answer is awaited at most min(policy_deadline, max_observation_age).',
               read_only=False, bounds=(0.001, 60.0)),
     ParamSpec('reset_on_instruction_change', True, 'Start a new episode (reset cache and '
               'queue) when the instruction changes.', read_only=False),

@@ -8,7 +8,14 @@ computes: it decodes requests from ``~/requests`` (wire format: ``remote_protoco
 them to the ROS-free :class:`BatchServer`, which runs requests arriving within
 ``batch.window`` seconds as one batch (one prefix pass, one denoising loop), and publishes
 each answer on ``~/chunks``. /diagnostics reports batches, mean and largest batch size,
-queue wait and the policy's latencies.
+queue wait and the policy's latencies, at WARN while requests are refused or batches fail.
+
+A request is refused with a fault answer (so the robot holds with the reason at once, not
+after its deadline) when it is malformed or of another protocol version but still names its
+key, when its joint names are not the server's ``joint_names`` (in order: actions would drive
+the wrong joints), or when it sends a camera the server's ``camera_names`` does not list. A
+robot sending fewer cameras is served with the missing ones masked, as the node does, and
+logged once per robot.
 
 Parameters: the policy ones of ``vla_policy_node`` (``checkpoint``, ``allow_random_weights``,
 ``device``, ``dtype``, ``tiny_model.*``, ``camera_names``, ``joint_names``, ...; the same
@@ -22,6 +29,7 @@ import signal
 import threading
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+import numpy as np
 import rclpy
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.executors import SingleThreadedExecutor
@@ -30,15 +38,19 @@ from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.core.batch_server import BatchConfig, BatchServer, ServedChunk, ServedRequest
+from vla_policy_node.core.inference import FAULT_RAISED
 from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, SPECS
 from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
-from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, REMOTE_QOS
+from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.remote_protocol import (
     CHUNKS_TOPIC,
     decode_request,
+    decode_request_key,
     encode_chunk,
     ProtocolError,
+    RequestKey,
     REQUESTS_TOPIC,
+    WireRequest,
 )
 
 NODE_NAME = 'vla_policy_server'
@@ -49,7 +61,7 @@ POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'd
 SERVER_PARAMETERS = (
     ParamSpec('batch.window', 0.005, 'Seconds the first queued request waits for others to '
               'share its batch (one prefix pass, one denoising loop).', bounds=(0.0, 1.0)),
-    ParamSpec('batch.max_size', 16, 'Most requests in one batch.', bounds=(1, 256)),
+    ParamSpec('batch.max_size', 16, 'Most requests in one batch.', bounds=(1, MAX_ROBOTS)),
 )
 NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
                           ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
@@ -122,12 +134,14 @@ class PolicyServerNode(Node):
         self._policy = make_policy(self._settings, self.get_logger().info,
                                    self.get_logger().warning)
         self._bad_requests = 0
-        self._chunks = self.create_publisher(UInt8MultiArray, f'~/{CHUNKS_TOPIC}', REMOTE_QOS)
+        self._masked_cameras_logged: set[str] = set()
+        self._troubles_reported = 0
+        self._chunks = self.create_publisher(UInt8MultiArray, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         self._server = BatchServer(self._policy, self._answer, BatchConfig(
-            self._settings.batch_window, self._settings.batch_max_size))
+            self._settings.batch_window, self._settings.batch_max_size, MAX_ROBOTS))
         self.create_subscription(UInt8MultiArray, f'~/{REQUESTS_TOPIC}', self._on_request,
-                                 REMOTE_QOS)
+                                 REMOTE_FLEET_QOS)
         self.create_timer(self._settings.diagnostics_period, self._publish_diagnostics)
         self._server.start()
         self.get_logger().info(
@@ -136,19 +150,47 @@ class PolicyServerNode(Node):
 
     def _on_request(self, msg: UInt8MultiArray) -> None:
         try:
-            robot, request_id, episode, obs_time, observation, rtc = decode_request(msg)
+            request = decode_request(msg)
+            problem = self._mismatch(request)
         except ProtocolError as error:
-            self._bad_requests += 1
-            self.get_logger().warning(f'malformed request refused: {error}',
-                                      throttle_duration_sec=2.0)
+            request, problem = None, f'malformed request: {error}'
+        if problem is not None:
+            self._refuse(msg, request, problem)
             return
-        self._server.submit(ServedRequest(robot, request_id, episode, obs_time, observation, rtc))
+        self._server.submit(ServedRequest(request.key.robot, request.key, request.observation, request.rtc))
+
+    def _mismatch(self, request: WireRequest) -> str | None:
+        """Why this server must not serve the request's robot, or None."""
+        settings = self._settings
+        if request.joints != settings.joint_names:
+            return (f'the robot sends joints {list(request.joints)} but the server serves '
+                    f'joint_names {list(settings.joint_names)} (same names, same order)')
+        unknown = sorted(set(request.observation['images']) - set(settings.camera_names))
+        if unknown:
+            return f'cameras {unknown} are not in the server\'s camera_names {list(settings.camera_names)}'
+        missing = sorted(set(settings.camera_names) - set(request.observation['images']))
+        if missing and request.key.robot not in self._masked_cameras_logged:
+            self._masked_cameras_logged.add(request.key.robot)
+            self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
+        return None
+
+    def _refuse(self, msg: UInt8MultiArray, request: WireRequest | None, problem: str) -> None:
+        """Count and log a refused request; answer it with the reason where its key can be read."""
+        self._bad_requests += 1
+        self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)
+        try:
+            key = request.key if request is not None else decode_request_key(msg)
+        except ProtocolError:
+            return              # not even a key: nobody to answer
+        self._publish_answer(key, None, FAULT_RAISED, f'request refused: {problem}')
 
     def _answer(self, served: ServedChunk) -> None:
-        request = served.request
-        self._chunks.publish(encode_chunk(
-            request.client, request.request_id, request.episode, request.obs_time, served.chunk,
-            served.fault, served.error, served.queue_wait, served.compute, served.batch_size))
+        self._publish_answer(served.request.reply_to, served.chunk, served.fault, served.error,
+                             served.queue_wait, served.compute, served.batch_size)
+
+    def _publish_answer(self, key: RequestKey, chunk: np.ndarray | None, fault: str | None, error: str,
+                        queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> None:
+        self._chunks.publish(encode_chunk(key, chunk, fault, error, queue_wait, compute, batch_size))
 
     @property
     def serving(self) -> bool:
@@ -167,12 +209,19 @@ class PolicyServerNode(Node):
             p50, p95 = policy.latency(stage)
             values[f'batch_{stage}_latency_p50_ms'] = f'{p50 * 1e3:.2f}'
             values[f'batch_{stage}_latency_p95_ms'] = f'{p95 * 1e3:.2f}'
+        counters = stats['counters']
+        troubles = (self._bad_requests + counters['batch_faults'] + counters['refused_requests']
+                    + counters['answer_errors'])
+        level = DiagnosticStatus.OK if troubles == self._troubles_reported else DiagnosticStatus.WARN
+        self._troubles_reported = troubles
         array = DiagnosticArray()
         array.header.stamp = self.get_clock().now().to_msg()
         name = self.get_fully_qualified_name()
         array.status.append(DiagnosticStatus(
-            level=DiagnosticStatus.OK, name=f'{name}: server', hardware_id=name,
-            message=f'serving, {stats["counters"]["batches"]} batches',
+            level=level, name=f'{name}: server', hardware_id=name,
+            message=f'serving, {counters["batches"]} batches'
+                    + ('' if level == DiagnosticStatus.OK else
+                       ': requests refused, batches failed or answers unsent since the last report'),
             values=[KeyValue(key=key, value=str(value)) for key, value in values.items()]))
         self._diagnostics.publish(array)
 

@@ -71,10 +71,21 @@ DIAGNOSTICS_QOS = QoSProfile(
 )
 
 # Remote inference (robot <-> vla_policy_server): every request and chunk is wanted, and a
-# late joiner must not receive old ones (a chunk answered before it started is stale).
-REMOTE_QOS = QoSProfile(
+# late joiner must not receive old ones (a chunk answered before it started is stale). Every
+# robot reads every answer of a batch, and the server reads every robot's request, so those
+# readers (and the server's answer writer) keep MAX_ROBOTS messages: a batch of more answers
+# than a reader keeps would overwrite some before they are taken. A robot's request writer
+# keeps few: it has one request in flight, and each is about a megabyte of frames.
+MAX_ROBOTS = 256
+REMOTE_FLEET_QOS = QoSProfile(
     history=HistoryPolicy.KEEP_LAST,
-    depth=16,
+    depth=MAX_ROBOTS,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+REMOTE_REQUEST_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=4,
     reliability=ReliabilityPolicy.RELIABLE,
     durability=DurabilityPolicy.VOLATILE,
 )

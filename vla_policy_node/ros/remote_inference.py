@@ -6,13 +6,17 @@ The loop cannot tell it from the local ``InferenceWorker``: ``submit`` sends the
 and returns at once, the answer comes back as an :class:`InferenceResult` through the bound
 receiver, and the loop keeps every safety decision, exactly as with local inference:
 
-* an answer that takes longer than ``deadline`` (the node's ``policy_deadline``) becomes a
-  ``late`` fault at the deadline: the loop holds and its next step asks again, so a robot
-  whose server died holds within one deadline and resumes with the first answer after the
-  server is back;
+* an answer that takes longer than ``deadline`` becomes a ``late`` fault at the deadline: the
+  loop holds and its next step asks again, so a robot whose server died holds within one
+  deadline and resumes with the first answer after the server is back. The node passes the
+  smaller of ``policy_deadline`` and ``max_observation_age``: an answer later than that
+  would be refused as stale anyway, so a lost message costs no longer a hold;
+* with no server subscribed to the request topic (not started yet, restarting), nothing is
+  sent and the request fails at once as ``late``, with that reason;
 * an answer that comes after its deadline, or after an episode reset, or for another request
-  is dropped here (counted as ``remote_late_answers``); the loop's scheduler would refuse it
-  anyway, as it refuses chunks whose observation is older than ``max_observation_age``;
+  (its robot, session, request id, episode and observation time are compared) is dropped here
+  (counted as ``remote_late_answers``). The session is drawn when this client is made, so a
+  late answer to a request of the robot's previous run never matches a new request;
 * ``finished_at`` is this robot's clock when the answer arrives, so the latency the scheduler
   measures from the observation time, and its delay compensation, include the round trip.
 
@@ -22,7 +26,8 @@ reset only forgets the request in flight: the new episode's first request goes o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+import secrets
 import threading
 import time
 from typing import Any
@@ -33,12 +38,13 @@ from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.core.chunking import ChunkRequest
 from vla_policy_node.core.inference import FAULT_LATE, InferenceResult
-from vla_policy_node.ros.qos import REMOTE_QOS
+from vla_policy_node.ros.qos import REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
 from vla_policy_node.ros.remote_protocol import (
     CHUNKS_TOPIC,
     decode_chunk,
     encode_request,
     ProtocolError,
+    RequestKey,
     REQUESTS_TOPIC,
     topic,
 )
@@ -52,23 +58,26 @@ WINDOW = 200        # round trips kept for the p50/p95
 class RemoteInference:
     """Sends chunk requests to the server and turns answers (or their absence) into results."""
 
-    def __init__(self, node: Node, server: str, clock: Callable[[], float], deadline: float,
-                 log: Callable[[str], None]) -> None:
+    def __init__(self, node: Node, server: str, joints: Sequence[str], clock: Callable[[], float],
+                 deadline: float, log: Callable[[str], None]) -> None:
         self._robot = node.get_fully_qualified_name()
+        self._session = secrets.token_hex(8)
+        self._joints = tuple(joints)
+        self._request_topic = topic(server, REQUESTS_TOPIC)
         self._clock = clock
         self._deadline = deadline
         self._log = log
         self._on_result: Callable[[InferenceResult], None] | None = None
         self._condition = threading.Condition()
-        self._pending: tuple[ChunkRequest, float] | None = None    # request, wall time sent
+        self._pending: tuple[ChunkRequest, float, RequestKey] | None = None   # request, wall time sent, key
+        self._unsent: str | None = None         # why the pending request was not sent (fails at once)
         self._stopping = False
         self._counters = dict.fromkeys(REMOTE_COUNTERS, 0)
         self._round_trips: list[float] = []
         self._server_compute: list[float] = []
-        self._requests = node.create_publisher(UInt8MultiArray, topic(server, REQUESTS_TOPIC),
-                                               REMOTE_QOS)
+        self._requests = node.create_publisher(UInt8MultiArray, self._request_topic, REMOTE_REQUEST_QOS)
         self._answers = node.create_subscription(
-            UInt8MultiArray, topic(server, CHUNKS_TOPIC), self._on_answer, REMOTE_QOS)
+            UInt8MultiArray, topic(server, CHUNKS_TOPIC), self._on_answer, REMOTE_FLEET_QOS)
         self._thread = threading.Thread(target=self._watch_deadlines, name='vla_remote_deadline',
                                         daemon=True)
 
@@ -84,22 +93,29 @@ class RemoteInference:
             return self._pending is not None
 
     def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool:
-        """Send one request; False (nothing sent) while another one waits for its answer."""
+        """
+        Send one request; False (nothing sent) while another one waits for its answer.
+
+        Without a server on the request topic nothing is sent and the request fails at once
+        (from the deadline thread, never from inside the caller's lock) with that reason.
+        """
+        key = RequestKey(self._robot, self._session, request.request_id, request.episode, request.obs_time)
+        unserved = self._requests.get_subscription_count() == 0
         with self._condition:
             if self._pending is not None or self._stopping:
                 return False
-            self._pending = (request, time.monotonic())
+            self._pending = (request, time.monotonic(), key)
+            self._unsent = f'no policy server subscribes to {self._request_topic}' if unserved else None
             self._counters['remote_requests'] += 1
             self._condition.notify()
-        self._requests.publish(encode_request(
-            self._robot, request.request_id, request.episode, request.obs_time, observation,
-            request.rtc))
+        if not unserved:
+            self._requests.publish(encode_request(key, self._joints, observation, request.rtc))
         return True
 
     def request_reset(self) -> None:
         """Episode boundary: forget the request in flight (its answer will be dropped)."""
         with self._condition:
-            self._pending = None
+            self._pending, self._unsent = None, None
             self._counters['cache_resets'] += 1
             self._condition.notify()
 
@@ -119,7 +135,7 @@ class RemoteInference:
         """Stop watching; an answer arriving later is dropped. True when the watcher ended."""
         with self._condition:
             self._stopping = True
-            self._pending = None
+            self._pending, self._unsent = None, None
             self._condition.notify()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -154,15 +170,14 @@ class RemoteInference:
                 self._counters['remote_bad_answers'] += 1
             self._log(f'malformed answer from the policy server: {error}')
             return
-        if answer.robot != self._robot:
+        if answer.key.robot != self._robot:
             return
         with self._condition:
             pending = self._pending
-            if pending is None or (pending[0].request_id, pending[0].episode) != (
-                    answer.request_id, answer.episode):
+            if pending is None or pending[2] != answer.key or self._unsent is not None:
                 self._counters['remote_late_answers'] += 1
                 return
-            request, sent = pending
+            request, sent, _ = pending
             self._pending = None
             round_trip = time.monotonic() - sent
             self._round_trips = self._round_trips[1 - WINDOW:] + [round_trip]
@@ -185,17 +200,17 @@ class RemoteInference:
                 self._condition.wait_for(lambda: self._stopping or self._pending is not None)
                 if self._stopping:
                     return
-                request, sent = self._pending
+                request, sent, _ = self._pending
                 left = sent + self._deadline - time.monotonic()
-                if left > 0:
+                if left > 0 and self._unsent is None:
                     self._condition.wait(left)
                     continue
-                self._pending = None
+                error = self._unsent or (f'no answer from the policy server within {self._deadline:.3f} s '
+                                         '(the smaller of policy_deadline and max_observation_age)')
+                self._pending, self._unsent = None, None
                 self._counters['remote_timeouts'] += 1
-                deadline = self._deadline
             self._on_result(InferenceResult(
-                request=request, chunk=None, fault=FAULT_LATE,
-                error=f'no answer from the policy server within policy_deadline = {deadline:.3f} s',
+                request=request, chunk=None, fault=FAULT_LATE, error=error,
                 duration=time.monotonic() - sent, finished_at=self._clock()))
 
 

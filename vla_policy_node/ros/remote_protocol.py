@@ -5,19 +5,23 @@ The robot <-> ``vla_policy_server`` wire format: a topic pair of ``std_msgs/UInt
 Topics (relative to the server's name, default ``/vla_policy_server``): robots publish
 requests on ``<server>/requests``; the server answers every robot on ``<server>/chunks``,
 and each robot keeps the answers addressed to it (``robot`` = its fully qualified node name)
-whose ``request_id`` and ``episode`` it awaits.
+whose ``session``, ``request_id``, ``episode`` and ``obs_time`` (the :class:`RequestKey`,
+returned untouched) are those of the request it awaits. ``session`` is drawn at random when a
+robot's remote client starts, so an answer to a request of an earlier run of the same robot
+(whose ids started from 0 too) is never taken for an answer of this one.
 
 A message is a list of named segments: ``layout.dim[i].label`` names segment ``i`` and
 ``layout.dim[i].size`` gives its length in bytes; ``data`` is the segments end to end. The
 first segment, ``meta``, is UTF-8 JSON; ``ros2 topic echo --no-arr`` shows the segment list.
 
-Request segments: ``meta`` = ``{"version": 1, "robot", "request_id", "episode", "obs_time",
-"task", "state": [D floats], "images": {camera: [H, W]}, "rtc": null | {"shape": [K, A],
+Request segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
+"obs_time", "joints": [J names], "task", "state": [D floats], "images": {camera: [H, W]},
+"rtc": null | {"shape": [K, A],
 "delay_steps", "max_guidance_weight", "guidance"}}``; ``image/<camera>``: rgb8 rows, H * W * 3
 bytes; ``rtc_prefix``: the committed actions, K * A little-endian float64.
 
-Chunk segments: ``meta`` = ``{"version": 1, "robot", "request_id", "episode", "obs_time",
-"fault": null | str, "error", "shape": [T, A], "queue_wait", "compute", "batch_size"}``
+Chunk segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
+"obs_time", "fault": null | str, "error", "shape": [T, A], "queue_wait", "compute", "batch_size"}``
 (seconds); ``chunk``: T * A little-endian float32 (absent with a fault).
 
 Why this and not a service or an action with the project's own messages: a message package
@@ -40,7 +44,7 @@ from std_msgs.msg import MultiArrayDimension, UInt8MultiArray
 
 from vla_policy_node.core.chunking import RTC_GUIDANCE, RTCGuidance
 
-VERSION = 1
+VERSION = 2
 REQUESTS_TOPIC = 'requests'
 CHUNKS_TOPIC = 'chunks'
 MAX_CAMERA_PIXELS = 4096 * 4096
@@ -52,13 +56,36 @@ class ProtocolError(ValueError):
 
 
 @dataclass(frozen=True)
+class RequestKey:
+    """What names a request on the wire; the server returns it untouched with the answer."""
+
+    robot: str          # the robot node's fully qualified name
+    session: str        # drawn when the robot's client starts: ids of earlier runs never match
+    request_id: int
+    episode: int
+    obs_time: float     # the robot's clock; the server never reads it
+
+    def meta(self) -> dict[str, Any]:
+        """Return the key as meta fields."""
+        return {'robot': self.robot, 'session': self.session, 'request_id': int(self.request_id),
+                'episode': int(self.episode), 'obs_time': float(self.obs_time)}
+
+
+@dataclass(frozen=True)
+class WireRequest:
+    """A decoded request: its key, the robot's joint names, the observation and RTC guidance."""
+
+    key: RequestKey
+    joints: tuple[str, ...]
+    observation: dict[str, Any]     # images {camera: (H, W, 3) uint8}, state (D,) float32, task
+    rtc: RTCGuidance | None
+
+
+@dataclass(frozen=True)
 class ChunkAnswer:
     """A decoded answer: chunk (T, A) float64 or None with ``fault``; the server's timings."""
 
-    robot: str
-    request_id: int
-    episode: int
-    obs_time: float
+    key: RequestKey
     chunk: np.ndarray | None
     fault: str | None
     error: str
@@ -81,7 +108,7 @@ def _pack(meta: dict[str, Any], segments: Sequence[tuple[str, bytes]]) -> UInt8M
     return msg
 
 
-def _unpack(msg: UInt8MultiArray) -> tuple[dict[str, Any], dict[str, memoryview]]:
+def _unpack(msg: UInt8MultiArray, any_version: bool = False) -> tuple[dict[str, Any], dict[str, memoryview]]:
     data = memoryview(msg.data).cast('B')
     segments, offset = {}, 0
     for dim in msg.layout.dim:
@@ -97,8 +124,10 @@ def _unpack(msg: UInt8MultiArray) -> tuple[dict[str, Any], dict[str, memoryview]
         meta = json.loads(bytes(segments.pop('meta')))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ProtocolError(f'meta is not JSON: {error}') from error
-    if not isinstance(meta, dict) or meta.get('version') != VERSION:
-        raise ProtocolError(f'meta.version must be {VERSION}')
+    if not isinstance(meta, dict):
+        raise ProtocolError('meta must be a JSON object')
+    if not any_version and meta.get('version') != VERSION:
+        raise ProtocolError(f'meta.version must be {VERSION}, got {meta.get("version")!r}')
     return meta, segments
 
 
@@ -117,13 +146,12 @@ def _finite(meta: dict[str, Any], name: str) -> float:
 
 
 # ---------------------------------------------------------------------- requests
-def encode_request(robot: str, request_id: int, episode: int, obs_time: float,
-                   observation: dict[str, Any], rtc: RTCGuidance | None) -> UInt8MultiArray:
+def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str, Any],
+                   rtc: RTCGuidance | None) -> UInt8MultiArray:
     """Build a request from the loop's observation (images, state, task) and the chunk request."""
     images = {name: np.ascontiguousarray(rgb, dtype=np.uint8)
               for name, rgb in observation['images'].items()}
-    meta = {'version': VERSION, 'robot': robot, 'request_id': int(request_id),
-            'episode': int(episode), 'obs_time': float(obs_time), 'task': observation['task'],
+    meta = {'version': VERSION, **key.meta(), 'joints': list(joints), 'task': observation['task'],
             'state': [float(x) for x in np.asarray(observation['state']).ravel()],
             'images': {name: list(rgb.shape[:2]) for name, rgb in images.items()}, 'rtc': None}
     segments = [(f'image/{name}', rgb.tobytes()) for name, rgb in images.items()]
@@ -151,20 +179,38 @@ def _decoded(decode: Callable[[UInt8MultiArray], Any], msg: UInt8MultiArray) -> 
         raise ProtocolError(f'malformed message: {type(error).__name__}: {str(error)[:200]}') from error
 
 
-def decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[str, Any],
-                                                  RTCGuidance | None]:
-    """Return (robot, request_id, episode, obs_time, observation, rtc); ProtocolError if malformed."""
+def decode_request(msg: UInt8MultiArray) -> WireRequest:
+    """Decode a request; ProtocolError if malformed."""
     return _decoded(_decode_request, msg)
 
 
-def _decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[str, Any],
-                                                   RTCGuidance | None]:
+def decode_request_key(msg: UInt8MultiArray) -> RequestKey:
+    """
+    Read only the key of a request, whatever its version; ProtocolError if even that is missing.
+
+    The server answers a request it refuses with a fault under this key, so the robot learns
+    why at once instead of waiting out its deadline.
+    """
+    return _decoded(lambda m: _key(_unpack(m, any_version=True)[0]), msg)
+
+
+def _key(meta: dict[str, Any]) -> RequestKey:
+    return RequestKey(robot=_field(meta, 'robot', str), session=_field(meta, 'session', str),
+                      request_id=_field(meta, 'request_id', int), episode=_field(meta, 'episode', int),
+                      obs_time=_finite(meta, 'obs_time'))
+
+
+def _decode_request(msg: UInt8MultiArray) -> WireRequest:
     meta, segments = _unpack(msg)
-    robot = _field(meta, 'robot', str)
-    request_id, episode = _field(meta, 'request_id', int), _field(meta, 'episode', int)
-    obs_time = _finite(meta, 'obs_time')
+    key = _key(meta)
+    joints = _field(meta, 'joints', list)
+    if not joints or not all(isinstance(name, str) and name for name in joints):
+        raise ProtocolError('meta.joints must be a list of joint names')
     task = _field(meta, 'task', str)
-    state = np.asarray(_field(meta, 'state', list), dtype=np.float64)
+    state = _field(meta, 'state', list)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in state):
+        raise ProtocolError('meta.state must be a list of finite numbers')
+    state = np.asarray(state, dtype=np.float64)
     if state.ndim != 1 or not np.isfinite(state).all():
         raise ProtocolError('meta.state must be a list of finite numbers')
     images = {}
@@ -183,7 +229,7 @@ def _decode_request(msg: UInt8MultiArray) -> tuple[str, int, int, float, dict[st
     if spec is not None:
         rtc = _decode_rtc(spec, segments.get('rtc_prefix'))
     observation = {'images': images, 'state': state.astype(np.float32), 'task': task}
-    return robot, request_id, episode, obs_time, observation, rtc
+    return WireRequest(key, tuple(joints), observation, rtc)
 
 
 def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
@@ -208,12 +254,10 @@ def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
 
 
 # ---------------------------------------------------------------------- answers
-def encode_chunk(robot: str, request_id: int, episode: int, obs_time: float,
-                 chunk: np.ndarray | None, fault: str | None, error: str, queue_wait: float,
-                 compute: float, batch_size: int) -> UInt8MultiArray:
+def encode_chunk(key: RequestKey, chunk: np.ndarray | None, fault: str | None, error: str,
+                 queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> UInt8MultiArray:
     """Build the answer to one request: the chunk (T, A), or a fault with its reason."""
-    meta = {'version': VERSION, 'robot': robot, 'request_id': request_id, 'episode': episode,
-            'obs_time': obs_time, 'fault': fault, 'error': error, 'shape': None,
+    meta = {'version': VERSION, **key.meta(), 'fault': fault, 'error': error, 'shape': None,
             'queue_wait': queue_wait, 'compute': compute, 'batch_size': batch_size}
     segments = []
     if chunk is not None:
@@ -242,7 +286,6 @@ def _decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
     elif not isinstance(fault, str):
         raise ProtocolError('meta.fault must be null or a string')
     return ChunkAnswer(
-        robot=_field(meta, 'robot', str), request_id=_field(meta, 'request_id', int),
-        episode=_field(meta, 'episode', int), obs_time=_finite(meta, 'obs_time'), chunk=chunk,
+        key=_key(meta), chunk=chunk,
         fault=fault, error=str(meta.get('error', '')), queue_wait=_finite(meta, 'queue_wait'),
         compute=_finite(meta, 'compute'), batch_size=_field(meta, 'batch_size', int))
