@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,7 +116,8 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
         end = time.monotonic() + 300
         while 'ready:' not in (work / 'server.log').read_text():
             if server.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f'the server did not start; see {work / "server.log"}')
+                log.flush()
+                raise RuntimeError('the server did not start:\n' + (work / 'server.log').read_text()[-4000:])
             time.sleep(0.2)
         while requests.get_subscription_count() == 0 and time.monotonic() < end:
             time.sleep(0.05)
@@ -145,6 +147,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
         server.terminate()
         server.wait(timeout=30)
         log.close()
+        shutil.rmtree(work, ignore_errors=True)          # nothing left in the temp folder
     return rows
 
 
@@ -204,9 +207,9 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
                                    chunk_size=50, num_steps=10, device=device, dtype=dtype)
     else:
         from vla_policy_node.bench.checkpoints import save_random_checkpoint
-        folder = save_random_checkpoint(Path(tempfile.mkdtemp(prefix='vla-bench-batch-')) / 'ckpt',
-                                        config, len(CAMERAS), dtype=dtype)
-        policy = load_policy(str(folder), device=device, dtype=dtype)
+        with tempfile.TemporaryDirectory(prefix='vla-bench-batch-') as tmp:   # loaded, then removed
+            folder = save_random_checkpoint(Path(tmp) / 'ckpt', config, len(CAMERAS), dtype=dtype)
+            policy = load_policy(str(folder), device=device, dtype=dtype)
     h, w = policy.preprocessor.image_size
     names = [c.split('.')[-1] for c in policy.camera_names]
     rows = []
