@@ -58,6 +58,7 @@ class RobotsProbe:
         self.node = rclpy.create_node('robots_probe', context=self.context)
         self.commands: dict[str, list[float]] = {ns: [] for ns in ROBOTS}
         self.server: dict[str, str] = {}
+        self.policy: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
         self._publishers = []
         for ns, task in ROBOTS.items():
@@ -109,9 +110,16 @@ class RobotsProbe:
 
     def _on_diagnostics(self, msg) -> None:
         for name, values in diagnostics_to_dict(msg).items():
-            if name.endswith(': server'):
-                with self._lock:
+            with self._lock:
+                if name.endswith(': server'):
                     self.server = values
+                elif name.endswith(': policy'):
+                    self.policy[name] = values
+
+    def matched(self, ns: str) -> str:
+        """A robot's remote_servers_matched, from its own namespaced status ('' before any)."""
+        with self._lock:
+            return self.policy.get(f'{ns.lstrip("/")}/vla_policy_node: policy', {}).get('remote_servers_matched', '')
 
     def count(self, ns: str) -> int:
         with self._lock:
@@ -148,16 +156,23 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
 
     probe = None
     try:
-        server = start(SERVER_COMMAND, args=SERVER_ARGS)
         robots = {ns: start(None, ns, ROBOT_ARGS) for ns in ROBOTS}
-        assert server.wait_for_output('ready:', 90.0), server.output
         for robot in robots.values():
             assert robot.wait_for_output('ready:', 90.0), robot.output
         probe = RobotsProbe(domain)
+        # No server yet: each robot reports none, and its requests fail at once with the reason.
+        assert wait_until(lambda: all(probe.matched(ns) == '0' for ns in ROBOTS), 10.0), probe.policy
+        assert wait_until(lambda: all('no policy server subscribes to /vla_policy_server/requests' in r.output
+                                      for r in robots.values()), 10.0), [r.output for r in robots.values()]
+        assert sum(probe.count(ns) for ns in ROBOTS) == 0
+
+        server = start(SERVER_COMMAND, args=SERVER_ARGS)
+        assert server.wait_for_output('ready:', 90.0), server.output
         output = lambda: server.output + '\n'.join(r.output for r in robots.values())  # noqa: E731
         assert wait_until(lambda: all(probe.count(ns) >= 20 for ns in ROBOTS), 60.0), output()
         assert wait_until(lambda: int(probe.server.get('batches', 0)) > 0, 5.0), output()
         assert int(probe.server['prefix_passes']) == int(probe.server['batches'])
+        assert wait_until(lambda: all(probe.matched(ns) == '1' for ns in ROBOTS), 5.0), probe.policy.keys()
 
         # Requests the server must refuse, at once and with the reason: joints in another
         # order, a camera it does not know, a request of another protocol version.

@@ -52,6 +52,16 @@ def _value(value: object) -> str:
     return f'{value:.6g}' if isinstance(value, float) else str(value)
 
 
+def status_prefix(fully_qualified_name: str) -> str:
+    """
+    Name the node's statuses by: ``vla_policy_node``, or ``robot1/vla_policy_node`` in a namespace.
+
+    So two robots' statuses (``robot1/vla_policy_node: policy``, ``robot2/...``) never share a
+    name on /diagnostics, and a node without a namespace keeps the plain name.
+    """
+    return fully_qualified_name.lstrip('/')
+
+
 def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> DiagnosticArray:
     """Build the message: the policy loop, the policy's output, one status per input stream."""
     array = DiagnosticArray()

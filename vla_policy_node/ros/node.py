@@ -296,7 +296,8 @@ class PolicyWiring:
     # ------------------------------------------------------------------ reporting
     def _on_diagnostics_tick(self) -> None:
         self._diagnostics_pub.publish(diagnostics.status_to_diagnostics(
-            self.status(), self.get_name(), self.get_clock().now().to_msg()))
+            self.status(), diagnostics.status_prefix(self.get_fully_qualified_name()),
+            self.get_clock().now().to_msg()))
 
     def status(self) -> diagnostics.NodeStatus:
         """Take a consistent snapshot of the loop's and the policy's counters and health."""

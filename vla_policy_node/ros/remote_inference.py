@@ -155,9 +155,15 @@ class RemoteInference:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Return counters and latencies (p50, p95): ``total`` is the round trip, ``server`` its compute."""
+        """
+        Return counters and latencies (p50, p95): ``total`` is the round trip, ``server`` its compute.
+
+        ``remote_servers_matched`` is the number of subscribers to the request topic now: 0
+        while no server runs, so a robot (or the simulated arm) can wait for one.
+        """
+        matched = self._requests.get_subscription_count()
         with self._condition:
-            return {'counters': dict(self._counters),
+            return {'counters': {**self._counters, 'remote_servers_matched': matched},
                     'latencies': {'total': _percentiles(self._round_trips),
                                   'server': _percentiles(self._server_compute)}}
 

@@ -29,7 +29,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.ros.conversions import rgb_to_image
-from vla_policy_node.ros.diagnostics import diagnostics_to_dict
+from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
 from vla_policy_node.ros.qos import (
     CAMERA_QOS,
     COMMAND_QOS,
@@ -87,7 +87,9 @@ class SimRobot(Node):
         self._success = False
         self._frames: list[np.ndarray] = []
         self._last_physics = time.monotonic()
-        self._policy: dict[str, str] = {}
+        self._policy: dict[str, str] = {}                # the node's latest policy status
+        self._policy_status = f"{status_prefix(policy_node)}: policy"
+        self._waiting_logged = False
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
         self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
@@ -128,9 +130,25 @@ class SimRobot(Node):
             self._first_command = now
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        for name, values in diagnostics_to_dict(msg).items():
-            if name.endswith(': policy'):
-                self._policy = values
+        values = diagnostics_to_dict(msg).get(self._policy_status)
+        if values is not None:
+            self._policy = values
+
+    def _node_ready(self) -> bool:
+        """
+        Tell whether the policy node can serve an episode: its reset service is up and it reports.
+
+        A node with ``inference: remote`` also needs its server (``remote_servers_matched``):
+        episodes started while the server still loads would fail for want of a policy.
+        """
+        if not self._reset.service_is_ready() or not self._policy:
+            return False
+        if self._policy.get('remote_servers_matched', '1') == '0':
+            if not self._waiting_logged:
+                self._waiting_logged = True
+                self.get_logger().info('waiting for the policy server of the node')
+            return False
+        return True
 
     # ------------------------------------------------------------------ physics and sensors
     def _on_physics_tick(self) -> None:
@@ -156,7 +174,7 @@ class SimRobot(Node):
     # ------------------------------------------------------------------ episodes
     def _on_episode_tick(self) -> None:
         if self._phase == 'waiting':
-            if self._reset.service_is_ready():
+            if self._node_ready():
                 self._start_episode()
             return
         if self._phase != 'running':
