@@ -42,6 +42,8 @@ pytestmark = pytest.mark.dds
 CONFIG = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']
 JOINTS = CONFIG['joint_names']
 TASK = 'pick up the red cube'
+# Serialized bytes that deserialize as no message type: a CDR header, then a string length past the end.
+GARBAGE = b'\x00\x01\x00\x00' + b'\xff' * 12
 
 
 class RobotProbe:
@@ -88,12 +90,17 @@ class RobotProbe:
                 msg.encoding = '16UC1'
             if index == 0 and self.mode == 'truncated_image':
                 msg.data = msg.data[:-7]
+            if index == 0 and self.mode == 'garbage_image':
+                msg = GARBAGE                         # raw bytes that are no Image at all
             publisher.publish(msg)
 
     def _publish_joints(self) -> None:
         positions = [0.1 * i for i in range(len(JOINTS))]
         if self.mode == 'nan_joint':
             positions[2] = math.nan
+        if self.mode == 'garbage_joints':
+            self._joints.publish(GARBAGE)
+            return
         # Reordered on purpose: the node maps joint states by name.
         self._joints.publish(JointState(name=JOINTS[::-1], position=positions[::-1]))
 
@@ -213,6 +220,8 @@ def test_instruction_change_resets_episode(system):
     ('nan_joint', 'joint_states', "joint state position of 'elbow_flex' is not finite"),
     ('bad_encoding', 'front', "unsupported image encoding '16UC1'"),
     ('truncated_image', 'front', 'image data has 9209 bytes, expected step * height = 9216'),
+    ('garbage_image', 'front', 'undecodable message'),
+    ('garbage_joints', 'joint_states', 'undecodable message'),
 ])
 def test_bad_input_stops_commands_and_node_recovers(system, mode, stream, log):
     node, probe = system

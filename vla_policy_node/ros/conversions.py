@@ -10,7 +10,8 @@ and run in subscription callbacks, the policy only sees validated numpy arrays.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 import unicodedata
 
 from builtin_interfaces.msg import Duration, Time
@@ -22,6 +23,19 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 class ConversionError(ValueError):
     """A message could not be turned into policy input or a command; the message says why."""
+
+
+def undecodable_is_an_error(decode: Callable[..., Any], *args: Any) -> Any:
+    """
+    Run the decoding of a raw (serialized) message; bytes that are not its type are a ConversionError.
+
+    Camera and joint-state subscriptions take raw messages, so rclpy's own deserialization,
+    which raises its own error type on garbage, runs in the node's callbacks.
+    """
+    try:
+        return decode(*args)
+    except Exception as error:  # noqa: B902 - rclpy's RMWError and whatever else a bad buffer provokes
+        raise ConversionError(f'undecodable message: {type(error).__name__}: {str(error)[:200]}') from error
 
 
 # encoding -> (channels, the slice of a pixel's channels that is R, G, B); mono8 is replicated.

@@ -37,7 +37,7 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from vla_policy_node.core.chunking import SchedulerConfig
-from vla_policy_node.core.control_loop import ControlLoop, INSTRUCTION, LoopSettings
+from vla_policy_node.core.control_loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
 from vla_policy_node.core.inference import InferenceWorker
 from vla_policy_node.core.joint_map import joint_mapped
 from vla_policy_node.ros import diagnostics
@@ -48,6 +48,7 @@ from vla_policy_node.ros.conversions import (
     image_to_rgb,
     instruction_text,
     stamp_seconds,
+    undecodable_is_an_error,
 )
 from vla_policy_node.ros.params import (
     current_values,
@@ -196,8 +197,8 @@ class PolicyWiring:
         frames, self._frames = self._frames, {}
         for camera, (raw, arrival) in frames.items():
             compressed = camera in self._compressed
-            msg = deserialize_message(raw, CompressedImage if compressed else Image)
             try:
+                msg = undecodable_is_an_error(deserialize_message, raw, CompressedImage if compressed else Image)
                 rgb = compressed_to_rgb(msg) if compressed else image_to_rgb(msg)
             except ConversionError as error:
                 self._loop.reject(camera, str(error))
@@ -211,7 +212,11 @@ class PolicyWiring:
         for raw, age in reversed(self._joint_states.take_all()):
             if joints <= covered:
                 break
-            msg = self._joint_states.decode(raw)
+            try:
+                msg = undecodable_is_an_error(self._joint_states.decode, raw)
+            except ConversionError as error:
+                self._loop.reject(JOINT_STATES, str(error))
+                continue
             taken.append((msg, now - age))
             if len(msg.position):
                 covered.update(msg.name)
