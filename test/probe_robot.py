@@ -21,6 +21,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import parameter_value_to_python
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.ros.conversions import rgb_to_image
@@ -65,6 +66,7 @@ class ProbeRobot:
         self._parameters = self.node.create_client(GetParameters, f'{self.target}/get_parameters')
         self._change = self.node.create_client(ChangeState, f'{self.target}/change_state')
         self._state = self.node.create_client(GetState, f'{self.target}/get_state')
+        self._reset = self.node.create_client(Trigger, f'{self.target}/reset_episode')
         self.node.create_timer(1.0 / 15.0, self._publish_images)
         self.node.create_timer(1.0 / 50.0, self._publish_joints)
         self.executor = SingleThreadedExecutor(context=self.context)
@@ -127,6 +129,10 @@ class ProbeRobot:
     def lifecycle_state(self, timeout: float = 30.0) -> str:
         """Return the lifecycle node's current state label."""
         return self._call(self._state, GetState.Request(), timeout, 3.0).current_state.label
+
+    def reset_episode(self, timeout: float = 30.0) -> Any:
+        """Call the node's ~/reset_episode; return the reply (success, message)."""
+        return self._call(self._reset, Trigger.Request(), timeout)
 
     def close(self) -> None:
         """Stop spinning and shut the probe's context down."""

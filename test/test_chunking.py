@@ -354,3 +354,17 @@ def test_longer_chunk_is_cut_to_the_horizon():
     assert sched.actions_left == 2
     assert [sched.next_action(t) is None for t in (0.0, 0.1, 0.2)] == [False, False, True]
     assert sched.stats["starved_ticks"] == 1
+
+
+def test_a_request_of_another_scheduler_is_never_awaited():
+    """A lifecycle re-activation makes a new loop whose ids start at 0 again: the old (0, 0) is not its own."""
+    config = SchedulerConfig(control_rate_hz=10.0, horizon=4)
+    old, new = ChunkScheduler(config), ChunkScheduler(config)
+    stale = old.begin_request(0.0, None)
+    fresh = new.begin_request(1.0, None)
+    assert (stale.episode, stale.request_id) == (fresh.episode, fresh.request_id)
+    assert not new.awaits(stale) and new.awaits(fresh)
+    assert not new.submit_chunk(stale, np.ones((4, 2)), 1.1)
+    new.cancel_request(stale)
+    assert new.awaits(fresh), 'an old request cannot cancel the new one'
+    assert new.submit_chunk(fresh, np.zeros((4, 2)), 1.1)

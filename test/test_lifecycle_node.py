@@ -76,11 +76,14 @@ def test_configure_loads_and_warms_up_but_commands_nothing(system):
     assert system.node.output.count('policy ready:') == 1
     system.robot.instruct('pick up the cube', latched=True)     # while inactive: ignored
     assert system.quiet(), system.node.output
+    reply = system.robot.reset_episode()
+    assert not reply.success and reply.message == 'not active: there is no episode to reset'
 
 
 def test_activate_waits_for_an_instruction_published_after_it(system):
     assert system.robot.transition('activate')
     assert system.robot.lifecycle_state() == 'active'
+    assert 'episode reset #1 (activate)' in system.node.output, 'an activation starts a new episode'
     assert system.quiet(), 'the latched instruction from before the activation started motion'
     system.robot.instruct('pick up the cube')                   # volatile, like ros2 topic pub
     assert system.commands_flow(), system.node.output

@@ -80,7 +80,7 @@ def test_reset_during_inference_never_executes_the_old_chunk(running):
     assert probe.reset_client.wait_for_service(timeout_sec=5.0)
     futures = [probe.reset_client.call_async(Trigger.Request()) for _ in range(5)]
     result = node.set_parameters([Parameter('limits.max_step', value=0.09),
-                                  Parameter('max_observation_age', value=0.8)])
+                                  Parameter('max_observation_age', value=0.45)])
     assert all(r.successful for r in result)
     assert wait_until(lambda: all(f.done() for f in futures), 5.0)
     assert node._loop.last_published is not None, 'the step limit survives the reset'

@@ -76,6 +76,16 @@ def test_remote_inference_needs_a_horizon_and_a_server_name_but_no_checkpoint():
         settings_from_values({**VALUES, 'inference': 'cloud'})
 
 
+@pytest.mark.parametrize('key, value', [
+    ('camera_topics', ['camera/front/image_raw', 'camera/wr ist']),
+    ('command_topic', '1st_arm/commands'),
+    ('joint_states_topic', 'joint states'),
+])
+def test_a_name_no_topic_can_have_is_refused_at_start(key, value):
+    with pytest.raises(ParameterError, match=f"parameter '{key}' has '.+', which is not a topic name"):
+        settings_from_values({**VALUES, key: value})
+
+
 def test_default_yaml_is_valid():
     settings = settings_from_values(VALUES)
     assert settings.joint_names == tuple(DEFAULTS['joint_names'])
@@ -203,8 +213,16 @@ def test_runtime_changes_are_validated_and_read_only_parameters_refused(context)
         assert not result.successful and 'read-only' in result.reason
         assert node.get_parameter('command_topic').value == DEFAULTS['command_topic']
         result = node.set_parameters([Parameter('max_observation_age', value=0.8)])[0]
+        assert not result.successful and result.reason == (
+            'max_observation_age 0.8 s is looser than the 0.5 s the node started with: loosening it takes a restart')
+        result = node.set_parameters([Parameter('max_observation_age', value=0.3)])[0]
         assert result.successful
-        assert node._settings.max_observation_age == 0.8
+        assert node._settings.max_observation_age == 0.3
+        assert node.set_parameters([Parameter('max_observation_age', value=0.5)])[0].successful, \
+            'back up to the start value'
+        assert not node.set_parameters([Parameter('max_action_age', value=2.0)])[0].successful
+        assert node.set_parameters([Parameter('max_action_age', value=0.4)])[0].successful
+        assert node.set_parameters([Parameter('max_action_age', value=0.0)])[0].successful
         assert not node.set_parameters([Parameter('policy_deadline', value=0.0)])[0].successful
         assert node.set_parameters([Parameter('policy_deadline', value=0.2)])[0].successful
         assert node._worker.deadline == 0.2

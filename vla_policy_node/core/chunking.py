@@ -107,6 +107,7 @@ class ChunkRequest:
     step: int
     rtc: RTCGuidance | None  # set in rtc mode when actions are committed
     oldest_input: float | None = None  # arrival of the oldest input it carries (None: obs_time)
+    issuer: object = None  # the scheduler that made it: ids restart at 0 in every scheduler
 
     @property
     def observed_at(self) -> float:
@@ -123,6 +124,9 @@ class ChunkScheduler:
         self._last_tick: float | None = None
         self._next_id = 0
         self._episode = 0
+        # A new loop (a lifecycle re-activation) has a new scheduler whose ids start at 0 again:
+        # a late answer to the old one's request (0, 0) must not pass for this one's.
+        self._issuer = object()
         self._stats = dict.fromkeys(
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
@@ -193,7 +197,8 @@ class ChunkScheduler:
             delay = self.delay_steps
             delay = len(prefix) if delay is None else min(delay, len(prefix))
             rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight, self.config.rtc_guidance)
-        self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc, oldest_input)
+        self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc, oldest_input,
+                                     self._issuer)
         self._pending_is_startup = not self._received
         self._next_id += 1
         self._stats["chunks_requested"] += 1
@@ -202,11 +207,12 @@ class ChunkScheduler:
     def awaits(self, request: ChunkRequest) -> bool:
         """Tell whether ``request`` is the one in flight (not cancelled, not of an ended episode)."""
         pending = self._pending
-        return pending is not None and (request.episode, request.request_id) == (pending.episode, pending.request_id)
+        return (pending is not None and request.issuer is self._issuer
+                and (request.episode, request.request_id) == (pending.episode, pending.request_id))
 
     def cancel_request(self, request: ChunkRequest) -> None:
         """Inference failed: forget the request so the next tick may retry."""
-        if self._pending is not None and request.request_id == self._pending.request_id:
+        if self.awaits(request):
             self._pending = None
             self._stats["requests_cancelled"] += 1
 

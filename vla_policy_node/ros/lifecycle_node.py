@@ -6,16 +6,19 @@ The same wiring as the plain node (``PolicyWiring``), driven by transitions:
 
 * ``configure`` loads the checkpoint, warms it up and creates the topics, services and timers;
   inputs arrive but nothing is commanded;
-* ``activate`` starts a fresh control loop: it commands once its inputs and an instruction
-  *published after the activation* are there (a latched instruction from before, re-delivered
-  to the new subscriptions, does not start motion by itself);
+* ``activate`` starts a fresh control loop and a new episode (the policy's cache is reset, and
+  an answer to a request of an earlier activation is never taken for this one's): it commands
+  once its inputs and an instruction *published after the activation* are there (a latched
+  instruction from before, re-delivered to the new subscriptions, does not start motion by
+  itself);
 * ``deactivate`` publishes one hold (through the loop's one exit) and stops commanding; the
   policy stays loaded and warm;
-* ``cleanup`` frees the policy and every entity ``configure`` created;
+* ``cleanup`` frees the policy and every entity ``configure`` created (so does a configure
+  that fails, whatever the error);
 * ``shutdown`` holds (when active), then frees everything.
 
 Outside ``active`` no control tick, watchdog or chunk runs a loop, so nothing is published
-on the command topic.
+on the command topic, and ``~/reset_episode`` answers that there is no episode to reset.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from rclpy.lifecycle import LifecycleState, Node as LifecycleNode, TransitionCallbackReturn
 from rclpy.subscription import MessageInfo
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 
 from vla_policy_node.ros.node import main as run_node, NODE_NAME, PolicyWiring
 from vla_policy_node.ros.params import ParameterError
@@ -53,22 +57,26 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         try:
             self._load()
             self._wire()
+            self._control_timer.cancel()            # ticks start with the activation
             self._worker.start()
             self._inference_started = True
-        except (PolicyLoadError, ParameterError, ValueError) as error:
-            self.get_logger().error(f'configure failed: {error}')
-            self._wired = {kind: [e for e in getattr(self, kind) if e not in before[kind]]
-                           for kind in ENTITY_KINDS}
+        except Exception as error:  # noqa: B902 - whatever failed, free what was made and say why
+            known = isinstance(error, (PolicyLoadError, ParameterError, ValueError))
+            self.get_logger().error(f'configure failed: {error if known else repr(error)}')
+            self._wired = self._made_since(before)
             self._free()
             return TransitionCallbackReturn.FAILURE
-        self._wired = {kind: [e for e in getattr(self, kind) if e not in before[kind]]
-                       for kind in ENTITY_KINDS}
+        self._wired = self._made_since(before)
         self.get_logger().info(f'configured (inactive, not commanding): {self._model_description()}')
         return TransitionCallbackReturn.SUCCESS
+
+    def _made_since(self, before: dict[str, set]) -> dict[str, list]:
+        return {kind: [e for e in getattr(self, kind) if e not in before[kind]] for kind in ENTITY_KINDS}
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Start a new control loop: new episode, no instruction, first command from the measured state."""
         self._loop = self._make_loop()
+        self._loop.reset_episode('activate')        # the policy's cache and anything in flight: gone
         self._activated_ns = time.time_ns()
         self._active = True
         self._control_timer.reset()
@@ -101,11 +109,15 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _hold_and_pause(self) -> bool:
+        """Send the last hold and wait (briefly) until the controllers have it: it may be freed next."""
         if not self._active:
             return False
         self._active = False
         self._control_timer.cancel()
-        return self._loop.stop(self._now())
+        held = self._loop.stop(self._now())
+        if held:
+            self._outputs.wait_for_all_acked(1.0)
+        return held
 
     def _free(self) -> None:
         self._active = False
@@ -132,6 +144,17 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
     def _on_chunk_ready(self) -> None:
         if self._active:
             super()._on_chunk_ready()
+
+    def _on_diagnostics_tick(self) -> None:
+        if self._worker is not None:
+            super()._on_diagnostics_tick()
+
+    def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._active:
+            return super()._on_reset_episode(request, response)
+        response.success = False
+        response.message = 'not active: there is no episode to reset'
+        return response
 
     def _on_watchdog(self) -> None:
         if self._active:

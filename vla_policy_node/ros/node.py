@@ -86,6 +86,29 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
         reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points)
 
 
+def ages_loosened(settings: NodeSettings, start_observation_age: float, start_action_age: float) -> str | None:
+    """
+    Say why ``settings`` would accept older inputs or actions than the node started with, or None.
+
+    Like the limits, the age limits only tighten at run time: a value set to let a slow camera
+    through would otherwise let stale observations drive the arm until someone sets it back.
+    ``max_action_age: 0`` derives the limit from ``max_observation_age``, so it stays allowed
+    where it started at 0, and replaces a positive start value only by one no larger.
+    """
+    if settings.max_observation_age > start_observation_age:
+        return (f'max_observation_age {settings.max_observation_age:g} s is looser than the '
+                f'{start_observation_age:g} s the node started with: loosening it takes a restart')
+    action_age = settings.max_action_age
+    if start_action_age > 0 and not 0 < action_age <= start_action_age:
+        return (f'max_action_age {action_age:g} s is looser than the {start_action_age:g} s the node '
+                'started with (0 would derive it anew): loosening it takes a restart')
+    if start_action_age == 0 and action_age > start_observation_age:
+        return (f'max_action_age {action_age:g} s may be looser than the derived limit the node started '
+                f'with: at most max_observation_age ({start_observation_age:g} s) at run time; '
+                'loosening it takes a restart')
+    return None
+
+
 def remote_deadline(settings: NodeSettings) -> float:
     """Seconds to wait for a server's answer: past ``max_observation_age`` it would be refused as stale."""
     return min(settings.policy_deadline, settings.max_observation_age)
@@ -114,7 +137,9 @@ class PolicyWiring:
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
-        self._envelope = loop_settings(self._settings).limits   # limits only tighten from here on
+        # Limits and the age limits only tighten from here on; loosening them takes a restart.
+        self._envelope = loop_settings(self._settings).limits
+        self._start_ages = (self._settings.max_observation_age, self._settings.max_action_age)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
@@ -274,6 +299,8 @@ class PolicyWiring:
         if reason is None:      # also with no loop yet (lifecycle: unconfigured), or configure widens them
             looser = loop_settings(settings).limits.loosened_from(self._envelope)
             reason = None if looser is None else f'limits: {looser}'
+        if reason is None:
+            reason = ages_loosened(settings, *self._start_ages)
         if reason is None and self._loop is not None:
             reason = self._loop.check_update(loop_settings(settings))
         if reason is None and not hasattr(self, 'add_post_set_parameters_callback'):

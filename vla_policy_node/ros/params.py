@@ -25,6 +25,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
+from rclpy.validate_topic_name import validate_topic_name
 import yaml
 
 from vla_policy_node.core.chunking import BLEND_MODES, RTC_GUIDANCE
@@ -319,6 +320,15 @@ def _check_device(device: str) -> None:
     raise ParameterError(f"parameter 'device' = '{device}' must be auto, cpu, cuda or cuda:N")
 
 
+def _check_topic(key: str, topic: str) -> None:
+    """Refuse a name no topic can have (a space, a leading digit): found at start, not by a failed subscription."""
+    try:
+        validate_topic_name(topic)
+    except Exception as error:  # noqa: B902 - rclpy's InvalidTopicNameException
+        reason = str(error).splitlines()[0]
+        raise ParameterError(f"parameter '{key}' has {topic!r}, which is not a topic name ({reason})") from None
+
+
 def _check_names(name: str, values: tuple[str, ...]) -> None:
     if not values:
         raise ParameterError(f"parameter '{name}' must not be empty")
@@ -380,6 +390,9 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
     for key in ('instruction_topic', 'joint_states_topic', 'command_topic'):
         if not values[key].strip():
             raise ParameterError(f"parameter '{key}' must not be empty")
+        _check_topic(key, values[key])
+    for topic in cameras:
+        _check_topic('camera_topics', topic)
     for key in ('limits.lower', 'limits.upper', 'limits.max_velocity'):
         if len(values[key]) != len(joints):
             raise ParameterError(
