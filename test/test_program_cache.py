@@ -90,8 +90,26 @@ def entry_replaced_by_a_file(entry: Path) -> None:
     entry.write_bytes(b"not a folder")
 
 
+def library_linked_elsewhere(entry: Path) -> None:
+    """The manifest hashes through a link: the file hashed need not be the file loaded."""
+    outside = entry.parent.parent / "elsewhere.so"
+    (entry / "program.so").rename(outside)
+    (entry / "program.so").symlink_to(outside)
+
+
+def entry_linked_elsewhere(entry: Path) -> None:
+    outside = entry.parent.parent / "elsewhere"
+    entry.rename(outside)
+    entry.symlink_to(outside, target_is_directory=True)
+
+
+def writable_by_others(entry: Path) -> None:
+    (entry / "program.so").chmod(0o666)
+
+
 @pytest.mark.parametrize("damage", [tamper, foreign, no_manifest, library_replaced_by_a_folder,
-                                    entry_replaced_by_a_file])
+                                    entry_replaced_by_a_file, library_linked_elsewhere,
+                                    entry_linked_elsewhere, writable_by_others])
 def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damage):
     root, first = store
     copy = tmp_path / "cache"
@@ -109,6 +127,28 @@ def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damag
     again = ProgramCache(copy)
     again.load_or_build(KEY, lambda path: pytest.fail("the rebuilt entry was not kept"), CPU)
     assert again.stats.loaded == 1
+    entry = cache.entry(KEY)
+    assert not entry.is_symlink() and all(not p.is_symlink() for p in entry.iterdir())
+    assert all(p.stat().st_mode & 0o077 == 0 for p in [entry, *entry.iterdir()]), 'only this user may read or write'
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name], 'nothing left beside the entry'
+
+
+def test_two_processes_removing_the_same_bad_entry_both_go_on(tmp_path):
+    from vla_policy_node.core.program_cache import remove_entry
+
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "program.so").write_bytes(b"x")
+    remove_entry(entry)
+    remove_entry(entry)                    # the second finds nothing: no error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cpu_kind_names_the_isa_torch_runs():
+    from vla_policy_node.core.program_cache import device_kind
+
+    kind = device_kind(CPU)
+    assert torch.backends.cpu.get_cpu_capability() in kind and " flags " in kind
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):

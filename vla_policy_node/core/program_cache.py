@@ -7,7 +7,10 @@ An entry is a folder named by the digest of its key: what the program was built 
 torch version and the CPU/GPU kind. Its ``manifest.json`` repeats the whole key and the
 SHA-256 of every file. An entry whose manifest is missing, unreadable, written for
 another key (a foreign entry), or whose files do not hash to the manifest (a corrupt or
-tampered one) is deleted and rebuilt, never loaded. Entries are built in a staging folder
+tampered one) is deleted and rebuilt, never loaded; so is one that another user owns, that
+anyone but its owner may write, or whose folder or files are symbolic links (only this user
+can have written what is loaded, and the files hashed are the files loaded). Entries are
+built in a staging folder
 inside the cache and renamed into place, so a crash leaves no half-written entry; a
 staging folder whose process died (a compile killed mid-build) is removed at the next build.
 
@@ -25,6 +28,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -50,22 +54,29 @@ def default_cache_dir() -> Path:
 
 
 def device_kind(device: torch.device) -> str:
-    """Describe what compiled code is specific to: the GPU model and capability, or the CPU model and ISA flags."""
+    """
+    Describe what compiled code is specific to: the GPU model and capability, or the CPU's ISA.
+
+    On the CPU: the vector ISA torch dispatches to (AVX512, AVX2, SVE256, ...), the model and
+    the feature flags. x86 lists them as ``model name`` and ``flags``; ARM (a Jetson, a
+    Graviton) as ``CPU part`` and ``Features``, so an SVE build never loads on a NEON-only CPU.
+    """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"cuda {torch.cuda.get_device_name(device)} sm_{major}{minor} cuda {torch.version.cuda}"
-    model, flags = platform.machine(), ""
+    found: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name" and model == platform.machine():
-                model = value
-            elif key == "flags":
-                flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:16]
-                break
+            if key in ("model name", "CPU implementer", "CPU part", "flags", "Features"):
+                found.setdefault(key, value)
     except OSError:
         pass
-    return f"cpu {platform.machine()} {model} flags {flags}"
+    model = " ".join(found[k] for k in ("model name", "CPU implementer", "CPU part") if k in found)
+    features = " ".join(sorted(f"{found.get('flags', '')} {found.get('Features', '')}".split()))
+    flags = hashlib.sha256(features.encode()).hexdigest()[:16]
+    isa = torch.backends.cpu.get_cpu_capability()
+    return f"cpu {platform.machine()} {isa} {model or 'unknown model'} flags {flags}"
 
 
 def source_digest() -> str:
@@ -92,11 +103,35 @@ def tensors_digest(named: Iterable[tuple[str, Tensor]]) -> str:
 
 
 def remove_entry(path: Path) -> None:
-    """Remove a cache entry, whatever stands there (a folder, or a file put in its place)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+    """
+    Remove a cache entry, whatever stands there (a folder, or a file or link put in its place).
+
+    Two processes may find the same bad entry: it is renamed aside first (one rename wins,
+    the other finds nothing to remove), then deleted.
+    """
+    aside = path.with_name(f"{path.name}.removing-{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return                          # another process removed it first
+    except OSError:
+        aside = path
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
     else:
-        path.unlink(missing_ok=True)
+        aside.unlink(missing_ok=True)
+
+
+def unsafe(path: Path) -> Optional[str]:
+    """Why ``path`` must not hold this user's program (a link, another owner, others may write), or None."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path.name} is a symbolic link"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"{path.name} belongs to another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path.name} may be written by other users (mode {stat.filemode(info.st_mode)})"
+    return None
 
 
 def file_digest(path: Path) -> str:
@@ -140,17 +175,19 @@ def point_compiler_caches_at(root: Path) -> None:
     Keep inductor's caches in ``root`` instead of the system temp folder, unless the user chose a folder.
 
     Inductor's precompiled headers ignore ``TORCHINDUCTOR_CACHE_DIR`` (a module constant
-    fixed at import under the temp folder), so they are redirected too.
+    fixed at import under the temp folder), so they are redirected too: into ``root``, or
+    into the folder the user chose.
     """
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     temp = Path(tempfile.gettempdir()).resolve()
-    if current is not None and not Path(current).resolve().is_relative_to(temp):
-        return
-    folder = root.resolve() / "inductor"
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    user_chose = current is not None and not Path(current).resolve().is_relative_to(temp)
+    folder = Path(current).resolve() if user_chose else root.resolve() / "inductor"
+    if not user_chose:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)     # before inductor is imported
     from torch._inductor import codecache
-    from torch._inductor.utils import clear_caches
-    clear_caches()
+    if not user_chose:
+        from torch._inductor.utils import clear_caches
+        clear_caches()
     if Path(getattr(codecache, "_HEADER_DIR", folder)).resolve().is_relative_to(temp):
         codecache._HEADER_DIR = str(folder / "precompiled_headers")
         codecache._HEADER_LOCK_DIR = str(folder / "precompiled_headers" / "locks")
@@ -183,7 +220,7 @@ class ProgramCache:
         """
         self.root.mkdir(parents=True, exist_ok=True)
         folder = self.entry(key)
-        if folder.exists():
+        if folder.exists() or folder.is_symlink():
             problem = self._verify(folder, key)
             if problem is None:
                 try:
@@ -228,9 +265,13 @@ class ProgramCache:
                     with archive.open(libraries[0]) as src, open(staging / "program.so", "wb") as dst:
                         shutil.copyfileobj(src, dst)
                 package.unlink()
+            for path in staging.iterdir():        # whatever the umask: only this user may write them
+                path.chmod(0o600)
             files = {p.name: file_digest(p) for p in sorted(staging.iterdir())}
             manifest = {"format": FORMAT, "key": key, "files": files}
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            (staging / MANIFEST).chmod(0o600)
+            staging.chmod(0o700)
             folder.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(staging, folder)
@@ -243,6 +284,12 @@ class ProgramCache:
     @staticmethod
     def _verify(folder: Path, key: dict) -> Optional[str]:
         """Return why the entry must not be loaded, or None."""
+        try:
+            problem = unsafe(folder) or unsafe(folder / MANIFEST)
+        except OSError as error:
+            return f"it cannot be inspected ({error})"
+        if problem is not None:
+            return problem
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
         except (OSError, ValueError) as error:
@@ -258,9 +305,12 @@ class ProgramCache:
         if present != set(files):
             return f"files {sorted(present)} differ from the manifest's {sorted(files)}"
         for name, digest in files.items():
-            if not (folder / name).is_file():
-                return f"{name} is not a regular file"
             try:
+                problem = unsafe(folder / name)
+                if problem is not None:
+                    return problem
+                if not stat.S_ISREG(os.lstat(folder / name).st_mode):
+                    return f"{name} is not a regular file"
                 if file_digest(folder / name) != digest:
                     return f"{name} does not match its SHA-256 in the manifest (corrupt or tampered)"
             except OSError as error:
