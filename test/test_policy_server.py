@@ -117,7 +117,7 @@ class RobotsProbe:
                     self.policy[name] = values
 
     def matched(self, ns: str) -> str:
-        """A robot's remote_servers_matched, from its own namespaced status ('' before any)."""
+        """Return a robot's remote_servers_matched, from its own namespaced status ('' before any)."""
         with self._lock:
             return self.policy.get(f'{ns.lstrip("/")}/vla_policy_node: policy', {}).get('remote_servers_matched', '')
 

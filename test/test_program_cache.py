@@ -91,7 +91,7 @@ def entry_replaced_by_a_file(entry: Path) -> None:
 
 
 def library_linked_elsewhere(entry: Path) -> None:
-    """The manifest hashes through a link: the file hashed need not be the file loaded."""
+    """Put a link in the library's place: the file hashed need not be the file loaded."""
     outside = entry.parent.parent / "elsewhere.so"
     (entry / "program.so").rename(outside)
     (entry / "program.so").symlink_to(outside)
