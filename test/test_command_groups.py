@@ -77,9 +77,13 @@ class Recorder:
     def __init__(self, topic: str) -> None:
         self.topic_name = topic
         self.messages = []
+        self.subscribers = 1
 
     def publish(self, msg) -> None:
         self.messages.append(msg)
+
+    def get_subscription_count(self) -> int:
+        return self.subscribers
 
 
 class FakeNode:
@@ -129,3 +133,16 @@ def test_velocities_are_differences_of_the_safe_points_and_end_at_zero():
     np.testing.assert_allclose(speeds[3], (points[4] - points[2]) / (2 * dt))
     assert np.all(speeds[-1] == 0.0)
     assert np.all(trajectory_velocities(points[:1], dt) == 0.0)
+
+
+def test_the_link_names_the_topic_the_loops_refusal_is_about():
+    """Another publisher is refused before a missing subscriber: the reason names that topic."""
+    settings = settings_from_values({**VALUES, **GROUPS})
+    node = FakeNode()
+    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    arm, gripper = (node.publishers[t][1] for t in ('arm_controller/joint_trajectory', 'gripper_controller/commands'))
+    arm.subscribers, gripper.subscribers = 0, 1
+    assert outputs.link((0, 1)) == (0, 1, 'gripper_controller/commands', (0, 1, 2, 3, 4))
+    assert outputs.link((0, 0)) == (0, 0, 'arm_controller/joint_trajectory', (0, 1, 2, 3, 4))
+    arm.subscribers = 1
+    assert outputs.link((0, 0))[2:] == ('arm_controller/joint_trajectory', ())

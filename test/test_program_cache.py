@@ -246,3 +246,15 @@ def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
     assert runtime.torch_compile is False
     assert "refused" in policy.compile_report and "eager" in policy.compile_report
     assert np.isfinite(policy.predict_action_chunk(policy.dummy_observation())).all()
+
+
+def test_compiler_settings_in_the_environment_are_part_of_the_key(monkeypatch):
+    from vla_policy_node.core.program_cache import compiler_settings
+
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_SIMDLEN", raising=False)
+    plain = compiler_settings()
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_SIMDLEN", "256")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere")        # where, not what: not in the key
+    assert compiler_settings() != plain
+    assert compiler_settings()["env"]["TORCHINDUCTOR_CPP_SIMDLEN"] == "256"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in compiler_settings()["env"]

@@ -79,6 +79,19 @@ def device_kind(device: torch.device) -> str:
     return f"cpu {platform.machine()} {isa} {model or 'unknown model'} flags {flags}"
 
 
+def compiler_settings() -> dict[str, object]:
+    """
+    Return what changes generated code besides the model and the CPU, for the cache key.
+
+    Inductor's and ATen's environment settings (``TORCHINDUCTOR_*`` but the cache folder,
+    ``ATEN_CPU_CAPABILITY``), the C++ compiler chosen by ``CXX``, and the CPU count, which
+    decides whether inductor fixes the thread count in the code.
+    """
+    names = sorted(k for k in os.environ if k.startswith("TORCHINDUCTOR_") and k != "TORCHINDUCTOR_CACHE_DIR")
+    env = {k: os.environ[k] for k in [*names, "ATEN_CPU_CAPABILITY", "CXX"] if k in os.environ}
+    return {"env": env, "cpu_count": os.cpu_count()}
+
+
 def source_digest() -> str:
     """SHA-256 over this package's core sources: compiled programs are traced from this code."""
     h = hashlib.sha256()

@@ -22,7 +22,7 @@ from torch import Tensor
 from .compiled import CompiledSample, input_signature, with_prompt_length
 from .flow import VelocityFn, euler_integrate, euler_schedule
 from .prefix_cache import PrefixContext, VLAPrefixCache
-from .program_cache import ProgramCache, device_kind, source_digest, tensors_digest
+from .program_cache import compiler_settings, device_kind, ProgramCache, source_digest, tensors_digest
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
@@ -173,7 +173,7 @@ class PolicyRuntime:
                 "backend": str(getattr(model, "backend", None)),
                 "weights": tensors_digest([*model.named_parameters(), *model.named_buffers()]),
                 "schedule": tensors_digest([("dt", self.dt), *((f"t{i}", t) for i, t in enumerate(self.time_cond))]),
-                "num_steps": self.num_steps}
+                "num_steps": self.num_steps, "build_env": compiler_settings()}
         return self._program_key
 
     def sample_naive(self, inputs: ModelInputs, noise: Tensor) -> Tensor:

@@ -169,14 +169,15 @@ class CommandOutputs:
         """
         Return (fewest subscribers, other publishers on all, topic at fault, unheard joints).
 
-        ``others`` comes from :meth:`other_publishers`. The topic named is the first without
-        a subscriber, else the first with another publisher, else the first topic. The
-        unheard joints (indices) are those of the topics without a subscriber.
+        ``others`` comes from :meth:`other_publishers`. The topic named is the one the loop's
+        refusal is about: the first with another publisher (that refusal comes first), else
+        the first without a subscriber, else the first topic. The unheard joints (indices)
+        are those of the topics without a subscriber.
         """
         subscribers = [publisher.get_subscription_count() for publisher in self._publishers]
         topics = self.topics
-        fault = next((t for t, s in zip(topics, subscribers) if s == 0),
-                     next((t for t, o in zip(topics, others) if o > 0), topics[0]))
+        fault = next((t for t, o in zip(topics, others) if o > 0),
+                     next((t for t, s in zip(topics, subscribers) if s == 0), topics[0]))
         unheard = tuple(i for group, count in zip(self._groups, subscribers) if count == 0
                         for i in group.indices)
         return min(subscribers), sum(others), fault, unheard

@@ -53,6 +53,7 @@ REMOTE_COUNTERS = ('control_steps', 'prefix_passes', 'cache_resets', 'remote_req
                    'remote_answers', 'remote_timeouts', 'remote_faults', 'remote_late_answers',
                    'remote_bad_answers')
 WINDOW = 200        # round trips kept for the p50/p95
+BAD_ANSWER_LOG_PERIOD = 5.0     # s between warnings about malformed answers (all are counted)
 
 
 class RemoteInference:
@@ -71,6 +72,7 @@ class RemoteInference:
         self._condition = threading.Condition()
         self._pending: tuple[ChunkRequest, float, RequestKey] | None = None   # request, wall time sent, key
         self._unsent: str | None = None         # why the pending request was not sent (fails at once)
+        self._bad_answer_logged = -BAD_ANSWER_LOG_PERIOD
         self._stopping = False
         self._counters = dict.fromkeys(REMOTE_COUNTERS, 0)
         self._round_trips: list[float] = []
@@ -172,9 +174,14 @@ class RemoteInference:
         try:
             answer = decode_chunk(msg)
         except ProtocolError as error:
+            now = time.monotonic()
             with self._condition:
                 self._counters['remote_bad_answers'] += 1
-            self._log(f'malformed answer from the policy server: {error}')
+                quiet = now - self._bad_answer_logged < BAD_ANSWER_LOG_PERIOD
+                if not quiet:
+                    self._bad_answer_logged = now
+            if not quiet:
+                self._log(f'malformed answer from the policy server: {error}')
             return
         if answer.key.robot != self._robot:
             return
