@@ -248,6 +248,32 @@ def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
     assert np.isfinite(policy.predict_action_chunk(policy.dummy_observation())).all()
 
 
+@pytest.mark.parametrize("compiled_s, kept_compiled, threads", [(0.02, False, 1), (0.002, True, None)])
+def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s, kept_compiled, threads):
+    """Eager is 30 ms with 2 threads but 5 ms with 1: compiled code at 20 ms loses to the eager that won its race."""
+    from vla_policy_node.core.policy import cpu_threads
+
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
+    runtime = policy.runtime
+    eager = runtime.sample
+
+    def timed(inputs, noise, guide=None):
+        compiled, runtime.torch_compile = runtime.torch_compile, False
+        try:
+            time.sleep(compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
+            return eager(inputs, noise, guide)
+        finally:
+            runtime.torch_compile = compiled
+    monkeypatch.setattr(runtime, "sample", timed)
+    runtime.torch_compile = True
+    with cpu_threads(2):
+        policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
+    assert (runtime.torch_compile, policy.threads) == (kept_compiled, threads)
+    assert "eager with 1 thread(s)" in policy.compile_report
+    assert "CPU threads: 1 of 2 kept" in policy.threads_report
+    assert ("compiled code won" in policy.threads_report) == kept_compiled
+
+
 def test_compiler_settings_in_the_environment_are_part_of_the_key(monkeypatch):
     from vla_policy_node.core.program_cache import compiler_settings
 

@@ -199,9 +199,12 @@ class Policy:
         The first calls pay for allocator growth, kernel selection and (on CUDA) graph
         capture; they are not control steps, so the counters and latencies start afresh.
         With compilation on, every compiled prompt length is compiled (or loaded from the
-        cache) here, then compiled and eager chunks alternate ``race_rounds`` times: where
-        compiled code is slower it is switched off, and ``compile_report`` says why. Eager
-        chunks on the CPU then race over thread counts (``threads_report``).
+        cache) here. On the CPU, eager chunks then race over thread counts
+        (``threads_report``); with compilation on, compiled chunks (at the configured thread
+        count, which they were built for) then race the eager ones at the thread count that
+        won, alternating ``race_rounds`` times: where compiled code is slower it is switched
+        off, and ``compile_report`` says why. So compiled code is kept only where it beats
+        the best eager setting, not merely eager at the configured thread count.
         """
         runtime = self.runtime
         self.threads, self.threads_report = None, ""
@@ -214,25 +217,41 @@ class Policy:
         for _ in range(iterations):
             self.predict_action_chunk(observation)
         runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
-        if runtime.torch_compile and race_rounds > 0:
+        compiling = runtime.torch_compile
+        if self.device.type == "cpu" and race_rounds > 0:
+            runtime.torch_compile = False        # the thread race is eager's
+            try:
+                self._race_threads(observation, race_rounds)
+            finally:
+                runtime.torch_compile = compiling
+        if compiling and race_rounds > 0:
             self._race(observation, race_rounds)
-        if not runtime.torch_compile and self.device.type == "cpu" and race_rounds > 0:
-            self._race_threads(observation, race_rounds)
         runtime.cache.reset()
         self.stats.clear()
 
     def _race(self, observation: Mapping, rounds: int) -> None:
-        """Time compiled against eager chunks, alternating; keep compiled code only where it is not slower."""
+        """
+        Time compiled against eager chunks, alternating; keep compiled code only where it is not slower.
+
+        Eager runs at the thread count its own race kept (``self.threads``), compiled code at
+        the configured one; the winner's thread count is what the policy keeps.
+        """
         runtime, times = self.runtime, {True: [], False: []}
+        eager_threads = self.threads
         for _ in range(rounds):
             for compiled in (True, False):
                 runtime.torch_compile = compiled
+                self.threads = None if compiled else eager_threads
                 t0 = time.perf_counter()
                 self.predict_action_chunk(observation)
                 times[compiled].append(time.perf_counter() - t0)
         fast, slow = (float(np.median(times[c])) * 1e3 for c in (True, False))
         runtime.torch_compile = fast <= slow
-        self.compile_report = (f"compiled {fast:.2f} ms vs eager {slow:.2f} ms per chunk (median of {rounds}, "
+        self.threads = None if runtime.torch_compile else eager_threads
+        if runtime.torch_compile and eager_threads is not None:
+            self.threads_report += f"; compiled code won, running with {torch.get_num_threads()}"
+        eager = "eager" if eager_threads is None else f"eager with {eager_threads} thread(s)"
+        self.compile_report = (f"compiled {fast:.2f} ms vs {eager} {slow:.2f} ms per chunk (median of {rounds}, "
                                f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
                                                                 else "compiled code refused, running eager"))
 
@@ -243,9 +262,9 @@ class Policy:
         A small model's kernels can be too short to split, so that each OpenMP fork and
         join costs more than the second core gives: the tiny SmolVLA with 3 cameras takes
         17.2 ms per chunk with 1 thread, 21.6 ms with 2, yet at batch 4 41.2 and 33.7 ms.
-        Fewer threads are kept only when at least 5% faster. Compiled programs fix their
-        thread count when built, so they never come here. Chunks over 0.5 s are
-        compute-bound, where every thread pays: no race.
+        Fewer threads are kept only when at least 5% faster. Compiled programs are built for
+        the configured thread count and race the winner afterwards (``_race``). Chunks over
+        0.5 s are compute-bound, where every thread pays: no race.
         """
         budget = torch.get_num_threads()
         if budget == 1:
