@@ -103,6 +103,8 @@ class RobotProbe:
             return
         # Reordered on purpose: the node maps joint states by name.
         self._joints.publish(JointState(name=JOINTS[::-1], position=positions[::-1]))
+        if self.mode == 'garbage_after_good':        # the newest message is the bad one
+            self._joints.publish(GARBAGE)
 
     def _on_command(self, msg) -> None:
         with self._lock:
@@ -222,6 +224,7 @@ def test_instruction_change_resets_episode(system):
     ('truncated_image', 'front', 'image data has 9209 bytes, expected step * height = 9216'),
     ('garbage_image', 'front', 'undecodable message'),
     ('garbage_joints', 'joint_states', 'undecodable message'),
+    ('garbage_after_good', 'joint_states', 'undecodable message'),
 ])
 def test_bad_input_stops_commands_and_node_recovers(system, mode, stream, log):
     node, probe = system

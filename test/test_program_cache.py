@@ -142,6 +142,11 @@ def test_two_processes_removing_the_same_bad_entry_both_go_on(tmp_path):
     remove_entry(entry)
     remove_entry(entry)                    # the second finds nothing: no error
     assert list(tmp_path.iterdir()) == []
+    half_removed = tmp_path / "programs" / f"{'0' * 32}.removing-{2 ** 22 + 1}"   # a pid above pid_max
+    half_removed.mkdir(parents=True)
+    (half_removed / "program.so").write_bytes(b"x")
+    assert ProgramCache(tmp_path).prune_staging() == [half_removed]      # a process killed mid-removal
+    assert list((tmp_path / "programs").iterdir()) == []
 
 
 def test_the_cpu_kind_names_the_isa_torch_runs():

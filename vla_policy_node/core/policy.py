@@ -242,6 +242,8 @@ class Policy:
             for compiled in (True, False):
                 runtime.torch_compile = compiled
                 self.threads = None if compiled else eager_threads
+                if eager_threads is not None:
+                    self.predict_action_chunk(observation)      # the first chunk after a thread switch pays for it
                 t0 = time.perf_counter()
                 self.predict_action_chunk(observation)
                 times[compiled].append(time.perf_counter() - t0)

@@ -140,7 +140,9 @@ def unsafe(path: Path) -> Optional[str]:
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         return f"{path.name} is a symbolic link"
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+    if os.name != "posix":          # no owners or write bits to check (Windows): links only
+        return None
+    if info.st_uid != os.getuid():
         return f"{path.name} belongs to another user (uid {info.st_uid})"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path.name} may be written by other users (mode {stat.filemode(info.st_mode)})"
@@ -252,13 +254,17 @@ class ProgramCache:
         return self._load(folder, device)
 
     def prune_staging(self) -> list[Path]:
-        """Remove the staging folders of processes that no longer run (killed mid-build); returns them."""
+        """Remove the staging (and half-removed) folders of processes that no longer run; returns them."""
         removed = []
-        for staging in self.root.glob("staging-*"):
-            pid = staging.name.split("-")[1]
+        leftovers = [*self.root.glob("staging-*"), *self.root.glob("programs/*.removing-*")]
+        for staging in leftovers:
+            pid = staging.name.rsplit("-", 1)[1] if ".removing-" in staging.name else staging.name.split("-")[1]
             if pid.isdigit() and process_alive(int(pid)):
-                continue                          # another process is building there now
-            shutil.rmtree(staging, ignore_errors=True)
+                continue                          # another process is building (or removing) there now
+            if staging.is_dir() and not staging.is_symlink():
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                staging.unlink(missing_ok=True)
             removed.append(staging)
         if removed:
             log.info("compile cache: removed %d staging folder(s) left by killed builds", len(removed))

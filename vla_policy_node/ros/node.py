@@ -109,9 +109,14 @@ def ages_loosened(settings: NodeSettings, start_observation_age: float, start_ac
     return None
 
 
-def remote_deadline(settings: NodeSettings) -> float:
-    """Seconds to wait for a server's answer: past ``max_observation_age`` it would be refused as stale."""
-    return min(settings.policy_deadline, settings.max_observation_age)
+def remote_deadline(settings: NodeSettings, sim_time: bool) -> float:
+    """
+    Return the seconds to wait for a server's answer: past ``max_observation_age`` it would be refused as stale.
+
+    The wait runs on the wall clock; with ``use_sim_time`` ages are on the simulator's clock,
+    which may run slower, so there only ``policy_deadline`` bounds it.
+    """
+    return settings.policy_deadline if sim_time else min(settings.policy_deadline, settings.max_observation_age)
 
 
 def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig:
@@ -163,12 +168,16 @@ class PolicyWiring:
             joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
             on_chunk_ready=self._chunk_ready.trigger)
 
+    def _sim_time(self) -> bool:
+        return bool(self.get_parameter('use_sim_time').value)
+
     def _make_inference(self) -> tuple[Any, InferenceWorker | RemoteInference]:
         """Return (the policy, its inference thread), or (None, the remote server's client)."""
         settings = self._settings
         if settings.inference == 'remote':
             return None, RemoteInference(self, settings.remote_server, settings.joint_names, self._now,
-                                         remote_deadline(settings), self.get_logger().warning)
+                                         remote_deadline(settings, self._sim_time()),
+                                         self.get_logger().warning)
         policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
@@ -234,17 +243,20 @@ class PolicyWiring:
         """Decode the newest messages until every joint is covered; hand them over oldest first."""
         now = self._now()
         taken, covered, joints = [], set(), set(self._settings.joint_names)
+        undecodable = None
         for raw, age in reversed(self._joint_states.take_all()):
             if joints <= covered:
                 break
             try:
                 msg = undecodable_is_an_error(self._joint_states.decode, raw)
             except ConversionError as error:
-                self._loop.reject(JOINT_STATES, str(error))
-                continue
+                undecodable = error         # older messages than this one are not used
+                break
             taken.append((msg, now - age))
             if len(msg.position):
                 covered.update(msg.name)
+        if undecodable is not None:         # in time order: the bad message, then the newer ones
+            self._loop.reject(JOINT_STATES, str(undecodable))
         for msg, arrival in reversed(taken):
             unknown = self._loop.on_joint_state(
                 msg.name, msg.position, arrival, stamp_seconds(msg.header.stamp))
@@ -321,7 +333,7 @@ class PolicyWiring:
             return
         self._settings = settings
         if isinstance(self._worker, RemoteInference):
-            self._worker.deadline = remote_deadline(settings)
+            self._worker.deadline = remote_deadline(settings, self._sim_time())
         elif self._worker is not None:
             self._worker.deadline = settings.policy_deadline
 

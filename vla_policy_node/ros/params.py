@@ -214,7 +214,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'node\'s.', read_only=False),
     ParamSpec('policy_deadline', 5.0, 'Seconds one inference may take; a later chunk is '
               'discarded (the robot holds) and the next control step tries again. With inference '
-              'remote, the server\'s answer is awaited at most min(policy_deadline, max_observation_age).',
+              'remote, the server\'s answer is awaited at most min(policy_deadline, max_observation_age) '
+              '(policy_deadline alone with use_sim_time).',
               read_only=False, bounds=(0.001, 60.0)),
     ParamSpec('reset_on_instruction_change', True, 'Start a new episode (reset cache and '
               'queue) when the instruction changes.', read_only=False),

@@ -11,8 +11,8 @@ each answer on ``~/chunks``. /diagnostics reports batches, mean and largest batc
 queue wait and the policy's latencies, at WARN while requests are refused or batches fail.
 
 A request is refused with a fault answer (so the robot holds with the reason at once, not
-after its deadline) when it is malformed or of another protocol version but still names its
-key, when its joint names are not the server's ``joint_names`` (in order: actions would drive
+after its deadline) when it is malformed but its key (robot, session, ids, observation time)
+can still be read, when its joint names are not the server's ``joint_names`` (in order: actions would drive
 the wrong joints), or when it sends a camera the server's ``camera_names`` does not list. A
 robot sending fewer cameras is served with the missing ones masked, as the node does, and
 logged once per robot.
@@ -39,6 +39,7 @@ from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.core.batch_server import BatchConfig, BatchServer, ServedChunk, ServedRequest
 from vla_policy_node.core.inference import FAULT_RAISED
+from vla_policy_node.ros.diagnostics import status_prefix
 from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, SPECS
 from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
@@ -216,7 +217,7 @@ class PolicyServerNode(Node):
         self._troubles_reported = troubles
         array = DiagnosticArray()
         array.header.stamp = self.get_clock().now().to_msg()
-        name = self.get_fully_qualified_name()
+        name = status_prefix(self.get_fully_qualified_name())
         array.status.append(DiagnosticStatus(
             level=level, name=f'{name}: server', hardware_id=name,
             message=f'serving, {counters["batches"]} batches'

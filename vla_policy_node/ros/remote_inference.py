@@ -9,8 +9,9 @@ receiver, and the loop keeps every safety decision, exactly as with local infere
 * an answer that takes longer than ``deadline`` becomes a ``late`` fault at the deadline: the
   loop holds and its next step asks again, so a robot whose server died holds within one
   deadline and resumes with the first answer after the server is back. The node passes the
-  smaller of ``policy_deadline`` and ``max_observation_age``: an answer later than that
-  would be refused as stale anyway, so a lost message costs no longer a hold;
+  smaller of ``policy_deadline`` and ``max_observation_age`` (``policy_deadline`` alone with
+  ``use_sim_time``): an answer later than that would be refused as stale anyway, so a lost
+  message costs no longer a hold;
 * with no server subscribed to the request topic (not started yet, restarting), nothing is
   sent and the request fails at once as ``late``, with that reason;
 * an answer that comes after its deadline, or after an episode reset, or for another request

@@ -88,8 +88,10 @@ class SimRobot(Node):
         self._frames: list[np.ndarray] = []
         self._last_physics = time.monotonic()
         self._policy: dict[str, str] = {}                # the node's latest policy status
-        self._policy_status = f"{status_prefix(policy_node)}: policy"
+        # The node's status name, from its name resolved as the reset service's is (namespaces).
+        self._policy_status = f"{status_prefix(self.resolve_service_name(policy_node))}: policy"
         self._waiting_logged = False
+        self._waiting_since = time.monotonic()
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
         self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
@@ -142,6 +144,10 @@ class SimRobot(Node):
         episodes started while the server still loads would fail for want of a policy.
         """
         if not self._reset.service_is_ready() or not self._policy:
+            if time.monotonic() - self._waiting_since > 10.0 and not self._waiting_logged:
+                self._waiting_logged = True
+                self.get_logger().info(f"waiting for the policy node: its reset service and its "
+                                       f"/diagnostics status '{self._policy_status}'")
             return False
         if self._policy.get('remote_servers_matched', '1') == '0':
             if not self._waiting_logged:
