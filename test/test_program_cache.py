@@ -231,22 +231,28 @@ def test_prompt_buckets_cover_every_length():
     assert padded.token_mask.tolist() == [[True] * 3 + [False] * 5]
 
 
-def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
-    """Never slower than eager: compiled code measured slower in the warm-up is refused, with the reason."""
+def timed_compile(monkeypatch, seconds) -> object:
+    """Return a tiny policy whose chunks run eager, after ``seconds(compiled)`` of sleep: a stand-in for speed."""
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
     runtime = policy.runtime
     eager = runtime.sample
 
-    def slow_compiled(inputs, noise, guide=None):
+    def timed(inputs, noise, guide=None):
         compiled, runtime.torch_compile = runtime.torch_compile, False
         try:
-            if compiled:
-                time.sleep(0.05)           # stands in for compiled code that loses to eager
+            time.sleep(seconds(compiled))
             return eager(inputs, noise, guide)
         finally:
             runtime.torch_compile = compiled
-    monkeypatch.setattr(runtime, "sample", slow_compiled)
+    monkeypatch.setattr(runtime, "sample", timed)
     runtime.torch_compile = True
+    return policy
+
+
+def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
+    """Never slower than eager: compiled code measured slower in the warm-up is refused, with the reason."""
+    policy = timed_compile(monkeypatch, lambda compiled: 0.05 if compiled else 0.0)
+    runtime = policy.runtime
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
     assert runtime.torch_compile is False
     assert "refused" in policy.compile_report and "eager" in policy.compile_report
@@ -258,19 +264,9 @@ def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s
     """Eager is 30 ms with 2 threads but 5 ms with 1: compiled code at 20 ms loses to the eager that won its race."""
     from vla_policy_node.core.policy import cpu_threads
 
-    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
+    policy = timed_compile(
+        monkeypatch, lambda compiled: compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
     runtime = policy.runtime
-    eager = runtime.sample
-
-    def timed(inputs, noise, guide=None):
-        compiled, runtime.torch_compile = runtime.torch_compile, False
-        try:
-            time.sleep(compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
-            return eager(inputs, noise, guide)
-        finally:
-            runtime.torch_compile = compiled
-    monkeypatch.setattr(runtime, "sample", timed)
-    runtime.torch_compile = True
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
     assert (runtime.torch_compile, policy.threads) == (kept_compiled, threads)
