@@ -90,7 +90,7 @@ class SimRobot(Node):
         self._policy: dict[str, str] = {}                # the node's latest policy status
         # The node's status name, from its name resolved as the reset service's is (namespaces).
         self._policy_status = f"{status_prefix(self.resolve_service_name(policy_node))}: policy"
-        self._waiting_logged = False
+        self._waits_logged: set[str] = set()           # each wait is said once
         self._waiting_since = time.monotonic()
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
@@ -144,17 +144,19 @@ class SimRobot(Node):
         episodes started while the server still loads would fail for want of a policy.
         """
         if not self._reset.service_is_ready() or not self._policy:
-            if time.monotonic() - self._waiting_since > 10.0 and not self._waiting_logged:
-                self._waiting_logged = True
-                self.get_logger().info(f"waiting for the policy node: its reset service and its "
-                                       f"/diagnostics status '{self._policy_status}'")
+            if time.monotonic() - self._waiting_since > 10.0:
+                self._say_waiting(f"for the policy node: its reset service and its /diagnostics "
+                                  f"status '{self._policy_status}'")
             return False
         if self._policy.get('remote_servers_matched', '1') == '0':
-            if not self._waiting_logged:
-                self._waiting_logged = True
-                self.get_logger().info('waiting for the policy server of the node')
+            self._say_waiting('for the policy server of the node')
             return False
         return True
+
+    def _say_waiting(self, what: str) -> None:
+        if what not in self._waits_logged:
+            self._waits_logged.add(what)
+            self.get_logger().info(f'waiting {what}')
 
     # ------------------------------------------------------------------ physics and sensors
     def _on_physics_tick(self) -> None:
