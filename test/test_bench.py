@@ -90,3 +90,14 @@ def test_bench_batch_and_longest_padding(tmp_path, monkeypatch):
     assert c["prefix_tokens"] == 2 * (64 // 8) ** 2 // 2 ** 2 + c["prompt_tokens"] + 1
     assert r["step_bytes"]["weights"] > 0 and r["step_bytes"]["kv_cache"] > 0
     assert r["stages"]["total"]["n"] == 2
+
+
+def test_batch_cost_times_each_batch_size():
+    """--batch-cost: one row per batch size, per-robot cost the batch's over its rows (eager here)."""
+    from vla_policy_node.bench.remote import batch_cost
+
+    rows = batch_cost('tiny', [1, 3], iters=2, threads=1)
+    assert [r['batch'] for r in rows] == [1, 3]
+    for row in rows:
+        assert row['median_ms'] > 0 and row['per_robot_ms'] == pytest.approx(row['median_ms'] / row['batch'])
+        assert 'built_median_ms' not in row

@@ -169,7 +169,7 @@ def test_after_the_warm_up_a_new_shape_runs_eager_instead_of_compiling(tiny):
         assert len(tiny.runtime.compiled_signatures) == seen     # nothing compiled after the warm-up
     finally:
         tiny.runtime.torch_compile = False
-        tiny.runtime.compile_new_signatures = True
+        tiny.runtime.build_new_signatures = True
     np.testing.assert_allclose(compiled, tiny.predict_action_chunk(obs, noise), atol=TOL)
     np.testing.assert_allclose(three, tiny.predict_action_chunk(batch, np.concatenate([noise] * 3)), atol=TOL)
 
@@ -232,3 +232,30 @@ def test_warm_up_compiles_every_prompt_bucket_and_a_restart_loads_them():
     compiled = policy.predict_action_chunk(obs, noise)
     policy.runtime.torch_compile = False
     assert np.abs(compiled - policy.predict_action_chunk(obs, noise)).max() < 1e-5
+
+
+def test_a_batch_runs_the_program_of_the_smallest_built_batch_size_that_holds_it():
+    """
+    A server's batch is padded up to a built size: one row runs the batch-2 program, three run eager.
+
+    The warm-up builds only the listed size (a copy of its row added); nothing is built after it.
+    """
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
+    runtime = policy.runtime
+    runtime.torch_compile, runtime.batch_sizes = True, (2,)
+    policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
+    (signature,) = runtime.compiled_signatures
+    assert signature[2][0] == (2, 32)               # (B, L) of the prompt the program was built for
+    ran = []
+    compiled_sample = runtime._sample_compiled
+    runtime._sample_compiled = lambda inputs, noise, key: ran.append(inputs.batch_size) or compiled_sample(
+        inputs, noise, key)
+    one, one_noise = batch_observation(policy, ["wave"], seed=11)
+    three, three_noise = batch_observation(policy, ["wave", "pick", "place it"], seed=12)
+    compiled_one = policy.predict_action_chunk(one, one_noise)
+    compiled_three = policy.predict_action_chunk(three, three_noise)
+    assert ran == [2] and runtime.compiled_signatures == (signature,)
+    runtime.torch_compile = False
+    assert compiled_one.shape == (1, 8, policy.action_dim)
+    assert np.abs(compiled_one - policy.predict_action_chunk(one, one_noise)).max() < 1e-5
+    np.testing.assert_array_equal(compiled_three, policy.predict_action_chunk(three, three_noise))

@@ -169,6 +169,28 @@ def test_cuda_graphs_replay_equals_eager():
     assert graphed.stats.prefix_passes == 3 and graphed.stats.denoise_steps == 3 * gpu.num_steps
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_serve_longest_padding_and_batches_from_the_warm_up_buckets():
+    """Graphs are captured for every prompt length and batch bucket in the warm-up; none after it."""
+    gpu = build_tiny_policy(("front",), chunk_size=8, num_steps=2, device="cuda", padding="longest")
+    runtime = gpu.runtime
+    runtime.cuda_graphs, runtime.batch_sizes = True, (1, 2, 4)
+    gpu.warmup(gpu.dummy_observation(), iterations=1)
+    assert len(runtime.graphed_signatures) == 3 * 3         # prompt lengths (8, 16, 32) times batch sizes
+    rng = np.random.default_rng(5)
+    obs = {"images": {"front": rng.integers(0, 256, (3, 48, 64, 3), dtype=np.uint8)},
+           "state": rng.normal(size=(3, gpu.state_dim)), "task": ["wave", "pick the cube up", "x" * 40]}
+    noise = rng.standard_normal((3, 8, 32)).astype(np.float32)
+    replayed = []
+    replay = runtime._sample_graphed
+    runtime._sample_graphed = lambda inputs, noise, key: replayed.append(tuple(inputs.tokens.shape)) or replay(
+        inputs, noise, key)
+    graphed = gpu.predict_action_chunk(obs, noise)          # batch 3, prompts cut to 32 tokens: the (4, 32) graphs
+    assert replayed == [(4, 32)] and len(runtime.graphed_signatures) == 9
+    runtime.cuda_graphs = False
+    assert np.abs(graphed - gpu.predict_action_chunk(obs, noise)).max() < 1e-5
+
+
 def test_bfloat16_within_documented_tolerance(policy):
     bf16 = build_tiny_policy(("front", "wrist"), chunk_size=16, num_steps=5, dtype="bfloat16")
     obs = policy.dummy_observation()

@@ -136,3 +136,49 @@ def test_node_settings_reach_the_loop_and_the_scheduler():
     assert loop.max_action_age == 0.7 and loop.plan_points == 5
     forward = settings_from_values({**VALUES, 'command_interface': 'forward_command', 'trajectory_points': 5})
     assert loop_settings(forward).plan_points == 1
+
+
+def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_names_them(monkeypatch):
+    """
+    Compile the server's buckets in make_policy's warm-up, race them, name them in the ready line.
+
+    A stand-in for the compiler records which batch sizes the warm-up built.
+    """
+    import time
+
+    from vla_policy_node.core.shape_buckets import batch_buckets
+    from vla_policy_node.models import build_tiny_policy
+    from vla_policy_node.ros import policy_loader
+    from vla_policy_node.ros.policy_server import ServerSettings
+
+    built = set()
+
+    def tiny_with_stand_in_compiler(**kwargs):
+        policy = build_tiny_policy(**kwargs)
+        runtime, eager = policy.runtime, policy.runtime.sample
+
+        def sample(inputs, noise, guide=None):
+            compiled, runtime.torch_compile = runtime.torch_compile, False
+            try:
+                rows, _ = runtime.bucketed(inputs, noise) if compiled else (inputs, noise)
+                if compiled and runtime.build_new_signatures:
+                    built.add(rows.batch_size)
+                time.sleep(0.001 * rows.batch_size if compiled else 0.01 * inputs.batch_size)
+                return eager(inputs, noise, guide)
+            finally:
+                runtime.torch_compile = compiled
+        monkeypatch.setattr(runtime, 'sample', sample)
+        return policy
+    monkeypatch.setattr(policy_loader, 'build_tiny_policy', tiny_with_stand_in_compiler)
+    settings = ServerSettings(
+        checkpoint='', allow_random_weights=True, checkpoint_root='', device='cpu', dtype='float32',
+        cuda_graphs=True, torch_compile=True, compile_cache_dir='', num_threads=1, tiny_chunk_size=8,
+        tiny_num_steps=2, tiny_seed=0, camera_names=('front',), joint_names=('a', 'b'), diagnostics_period=1.0,
+        batch_window=0.005, batch_max_size=6)
+    lines = []
+    policy = policy_loader.make_policy(settings, lines.append, lines.append,
+                                       batch_sizes=batch_buckets(settings.batch_max_size))
+    assert built == {1, 2, 4, 6} and policy.runtime.batch_sizes == (1, 2, 4, 6)
+    assert 'batch buckets, compiled (padded) vs eager: 2 kept' in policy.compile_report
+    ready = lines[-1]
+    assert ready.startswith('policy ready') and ready.endswith('(compiled); programs built for batch sizes 1, 2, 4, 6')

@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 import subprocess
 import sys
@@ -13,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from vla_policy_node.core.compiled import aot_compile, prompt_buckets, with_prompt_length
+from vla_policy_node.core.compiled import aot_compile
 from vla_policy_node.core.program_cache import default_cache_dir, MANIFEST, ProgramCache
-from vla_policy_node.core.types import ModelInputs
 from vla_policy_node.models import build_tiny_policy
 
 CPU = torch.device("cpu")
@@ -218,29 +218,23 @@ def test_a_build_killed_midway_leaves_no_staging_folder_behind(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("staging-*")) == [live.name]
 
 
-def test_prompt_buckets_cover_every_length():
-    assert prompt_buckets(48) == (16, 24, 48)
-    assert prompt_buckets(200) == (56, 104, 200)
-    assert prompt_buckets(5) == (5,)
-    with pytest.raises(ValueError, match="max_length"):
-        prompt_buckets(0)
-    inputs = ModelInputs([torch.zeros(1, 3, 4, 4)], [torch.ones(1, dtype=torch.bool)],
-                         torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool), None)
-    padded = with_prompt_length(inputs, 8)
-    assert padded.tokens.tolist() == [[5, 6, 7, 0, 0, 0, 0, 0]]
-    assert padded.token_mask.tolist() == [[True] * 3 + [False] * 5]
-
-
 def timed_compile(monkeypatch, seconds) -> object:
-    """Return a tiny policy whose chunks run eager, after ``seconds(compiled)`` of sleep: a stand-in for speed."""
+    """
+    Return a tiny policy whose chunks run eager, after ``seconds(compiled, rows)`` of sleep: a stand-in for speed.
+
+    rows: the batch the call would run, padded up to the runtime's batch bucket when compiled.
+    """
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
     runtime = policy.runtime
     eager = runtime.sample
 
     def timed(inputs, noise, guide=None):
         compiled, runtime.torch_compile = runtime.torch_compile, False
+        rows = inputs.batch_size
+        if compiled:
+            rows = min([b for b in runtime.batch_sizes if b >= rows] or [rows])
         try:
-            time.sleep(seconds(compiled))
+            time.sleep(seconds(compiled, rows))
             return eager(inputs, noise, guide)
         finally:
             runtime.torch_compile = compiled
@@ -251,7 +245,7 @@ def timed_compile(monkeypatch, seconds) -> object:
 
 def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
     """Never slower than eager: compiled code measured slower in the warm-up is refused, with the reason."""
-    policy = timed_compile(monkeypatch, lambda compiled: 0.05 if compiled else 0.0)
+    policy = timed_compile(monkeypatch, lambda compiled, rows: 0.05 if compiled else 0.0)
     runtime = policy.runtime
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
     assert runtime.torch_compile is False
@@ -265,7 +259,7 @@ def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s
     from vla_policy_node.core.policy import cpu_threads
 
     policy = timed_compile(
-        monkeypatch, lambda compiled: compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
+        monkeypatch, lambda compiled, rows: compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
     runtime = policy.runtime
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
@@ -273,6 +267,53 @@ def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s
     assert "eager with 1 thread(s)" in policy.compile_report
     assert "CPU threads: 1 of 2 kept" in policy.threads_report
     assert ("compiled code won" in policy.threads_report) == kept_compiled
+
+
+def test_a_batch_bucket_whose_padded_compiled_batch_loses_to_eager_is_dropped_with_the_larger(monkeypatch):
+    """
+    Drop a losing batch bucket and every larger one.
+
+    Compiled batches of 1, 2, 4 and 8 rows take 10, 20, 40 and 400 ms, eager 50 ms per real row: 2 rows
+    (20 vs 100 ms) and 3 rows padded to 4 (40 vs 150) stay compiled; 5 rows padded to 8 (400 vs 250) lose,
+    so 8 and 16 are dropped (batches of 5 rows or more run eager).
+    """
+    compiled_s = {1: 0.01, 2: 0.02, 4: 0.04, 8: 0.4, 16: 0.8}
+    policy = timed_compile(monkeypatch, lambda compiled, rows: compiled_s[rows] if compiled else 0.05 * rows)
+    runtime = policy.runtime
+    runtime.batch_sizes = (1, 2, 4, 8, 16)
+    policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
+    assert runtime.torch_compile is True and runtime.batch_sizes == (1, 2, 4) and policy.threads is None
+    report = policy.compile_report
+    assert "compiled code kept" in report and "larger batches run eager" in report, report
+    assert re.findall(r"(\d+) (kept|dropped) \(", report) == [("2", "kept"), ("4", "kept"), ("8", "dropped")]
+
+
+def test_a_batch_size_that_cannot_be_built_is_dropped_with_the_larger_and_the_reason_given(monkeypatch):
+    """Building batch 4 runs out of memory: batches of 1 and 2 stay built, 4 rows or more run eager."""
+    policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
+    runtime = policy.runtime
+    eager = runtime.sample
+    built = []
+
+    def sample(inputs, noise, guide=None):
+        if runtime.torch_compile and runtime.build_new_signatures:
+            if inputs.batch_size == 4:
+                raise RuntimeError("out of memory: tried to allocate 9 GiB\nsecond line")
+            built.append(inputs.batch_size)
+        compiled, runtime.torch_compile = runtime.torch_compile, False
+        try:
+            return eager(inputs, noise, guide)
+        finally:
+            runtime.torch_compile = compiled
+    monkeypatch.setattr(runtime, "sample", sample)
+    runtime.torch_compile, runtime.batch_sizes = True, (1, 2, 4, 8)
+    policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
+    assert built[:2] == [1, 2] and runtime.batch_sizes == (1, 2)
+    assert policy.build_report == ("batches of 4 or more rows run eager: building batch size 4 failed: "
+                                   "RuntimeError: out of memory: tried to allocate 9 GiB")
+    runtime.batch_sizes = (4, 8)                      # the first size failing is the caller's to judge
+    with pytest.raises(RuntimeError, match="out of memory"):
+        policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
 
 
 def test_compiler_settings_in_the_environment_are_part_of_the_key(monkeypatch):

@@ -16,7 +16,10 @@ server's cores: both favour them.
 
 ``--batch-cost CONFIG`` instead times ``Policy.predict_action_chunks`` in this process for
 each batch size (``tiny`` or ``smolvla``, random weights at real size): the per-batch cost
-from which a GPU's capacity is estimated.
+from which a GPU's capacity is estimated. With ``--built``, the warm-up first builds what a
+server builds (CUDA graphs on CUDA, compiled programs on the CPU, for batch sizes 1, 2, 4,
+... up to the largest asked), and each size is timed both ways, eager and built chunks
+alternating, with the paired ratio.
 """
 
 from __future__ import annotations
@@ -195,11 +198,12 @@ def local(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
 
 # ---------------------------------------------------------------------- per-batch cost
 def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: str = 'cpu',
-               dtype: str = 'float32') -> list[dict]:
-    """Time one batched prefix pass + denoising loop per batch size, in this process."""
+               dtype: str = 'float32', built: bool = False) -> list[dict]:
+    """Time one batched prefix pass + denoising loop per batch size, in this process (and built, paired)."""
     import torch
 
     from vla_policy_node.core.loading import build_tiny_policy, load_policy
+    from vla_policy_node.core.shape_buckets import batch_buckets, smallest_holding
 
     torch.set_num_threads(threads)
     if config == 'tiny':
@@ -210,6 +214,15 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
         with tempfile.TemporaryDirectory(prefix='vla-bench-batch-') as tmp:   # loaded, then removed
             folder = save_random_checkpoint(Path(tmp) / 'ckpt', config, len(CAMERAS), dtype=dtype)
             policy = load_policy(str(folder), device=device, dtype=dtype)
+    runtime = policy.runtime
+    flag = 'cuda_graphs' if policy.device.type == 'cuda' else 'torch_compile'
+    if built:
+        runtime.batch_sizes = batch_buckets(max(sizes))
+        setattr(runtime, flag, True)
+        t0 = time.perf_counter()
+        policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
+        print(f'built {len(runtime.compiled_signatures) + len(runtime.graphed_signatures)} shapes '
+              f'({flag}) in {time.perf_counter() - t0:.1f} s', file=sys.stderr)
     h, w = policy.preprocessor.image_size
     names = [c.split('.')[-1] for c in policy.camera_names]
     rows = []
@@ -220,15 +233,25 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
             obs['images'] = {name: obs['images'][CAMERAS[k % 2]] for k, name in enumerate(names)}
             obs['state'] = np.resize(obs['state'], policy.state_dim).astype(np.float32)
             batch.append(obs)
-        policy.predict_action_chunks(batch, [None] * size)
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            policy.predict_action_chunks(batch, [None] * size)
-            times.append(time.perf_counter() - t0)
-        median = float(np.median(times))
-        rows.append({'batch': size, 'device': str(policy.device), 'median_ms': median * 1e3,
-                     'per_robot_ms': median * 1e3 / size, 'iters': iters})
+        modes = (False, True) if built else (False,)
+        times: dict[bool, list[float]] = {mode: [] for mode in modes}
+        for i in range(iters + 1):                   # the first round is untimed
+            for mode in modes:
+                setattr(runtime, flag, mode)
+                t0 = time.perf_counter()
+                policy.predict_action_chunks(batch, [None] * size)
+                if i:
+                    times[mode].append(time.perf_counter() - t0)
+        median = float(np.median(times[False]))
+        row = {'batch': size, 'device': str(policy.device), 'median_ms': median * 1e3,
+               'per_robot_ms': median * 1e3 / size, 'iters': iters}
+        if built:
+            built_ms = float(np.median(times[True])) * 1e3
+            ratio = float(np.median(np.divide(times[False], times[True])))
+            row.update({'built_median_ms': built_ms, 'built_per_robot_ms': built_ms / size,
+                        'built_bucket': smallest_holding(runtime.batch_sizes, size),
+                        'eager_vs_built_paired': ratio})
+        rows.append(row)
         print(f'{config} batch {size}: {rows[-1]}', file=sys.stderr)
     return rows
 
@@ -247,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--device', default='cpu', help='--batch-cost only: cpu, cuda, cuda:N')
     parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
                         help='--batch-cost only')
+    parser.add_argument('--built', action='store_true', help='--batch-cost only: also time CUDA graphs (CUDA) '
+                        'or compiled programs (CPU) built for batch buckets, alternating with eager')
     parser.add_argument('--json', type=Path)
     args = parser.parse_args(argv)
     if args.batch_cost:
         rows = batch_cost(args.batch_cost, args.robots, args.iters, args.threads, args.device,
-                          args.dtype)
+                          args.dtype, args.built)
         result = {'batch_cost': rows}
     else:
         frame = tuple(args.frame)

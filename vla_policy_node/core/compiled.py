@@ -32,33 +32,6 @@ def input_signature(inputs: ModelInputs, noise: Tensor) -> tuple:
     return tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in tensors)
 
 
-def prompt_buckets(max_length: int, count: int = 3) -> tuple[int, ...]:
-    """
-    Return the prompt lengths compiled for ``longest`` padding: ``max_length`` and halvings, rounded up to 8.
-
-    A prompt is padded (mask false) to the smallest bucket that holds it, so a
-    few programs, all compiled in the warm-up, serve every prompt: 48 -> (16, 24, 48).
-    """
-    if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}")
-    sizes = {max_length}
-    for i in range(1, count):
-        sizes.add(min(max_length, -(-max_length // (2 ** i) // 8) * 8 or 8))
-    return tuple(sorted(sizes))
-
-
-def with_prompt_length(inputs: ModelInputs, length: int) -> ModelInputs:
-    """Pad the prompt to ``length`` tokens (pad id 0, mask false), or cut it there (warm-up shapes only)."""
-    tokens, mask = inputs.tokens, inputs.token_mask
-    extra = length - tokens.shape[1]
-    if extra > 0:
-        tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], extra)], dim=1)
-        mask = torch.cat([mask, mask.new_zeros(mask.shape[0], extra)], dim=1)
-    elif extra < 0:
-        tokens, mask = tokens[:, :length], mask[:, :length]
-    return ModelInputs(inputs.images, inputs.image_masks, tokens, mask, inputs.state)
-
-
 def describe_args(args: tuple) -> dict:
     """Structure and shape/dtype/device of every tensor of a call: the input part of a cache key."""
     leaves, spec = pytree.tree_flatten(args)

@@ -13,12 +13,12 @@ from torch import nn
 
 from .blocks import fuse_projections, pack_linears
 from .chunking import RTCGuidance
-from .compiled import prompt_buckets, with_prompt_length
 from .flow import VelocityFn
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
 from .rtc import batch_rtc_guide, rtc_guided_velocity
 from .runtime import PolicyRuntime
+from .shape_buckets import prompt_buckets, with_batch_size, with_prompt_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,9 +98,10 @@ class Policy:
         self.device = device
         self.dtype = next(model.parameters()).dtype
         self.runtime = PolicyRuntime(model, num_steps, device)
-        if preprocessor.padding == "longest":             # compiled code serves a few prompt lengths
+        if preprocessor.padding == "longest":             # built code serves a few prompt lengths
             self.runtime.prompt_lengths = prompt_buckets(preprocessor.max_length)
         self.compile_report = ""                          # what the warm-up decided about compiled code
+        self.build_report = ""                            # shapes the warm-up could not build, and why
         self.threads: Optional[int] = None                # CPU threads the warm-up chose (None: torch's setting)
         self.threads_report = ""                          # why
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -198,25 +199,26 @@ class Policy:
 
         The first calls pay for allocator growth, kernel selection and (on CUDA) graph
         capture; they are not control steps, so the counters and latencies start afresh.
-        With compilation on, every compiled prompt length is compiled (or loaded from the
-        cache) here. On the CPU, eager chunks then race over thread counts
-        (``threads_report``); with compilation on, compiled chunks (at the configured thread
-        count, which they were built for) then race the eager ones at the thread count that
-        won, alternating ``race_rounds`` times: where compiled code is slower it is switched
-        off, and ``compile_report`` says why. So compiled code is kept only where it beats
-        the best eager setting, not merely eager at the configured thread count.
+        With CUDA graphs or compilation on, every bucket (``runtime.prompt_lengths``
+        times ``runtime.batch_sizes``) is captured or compiled (or loaded from the
+        cache) here, and nothing is built after: a shape outside the buckets runs eager.
+        On the CPU, eager chunks then race over thread counts (``threads_report``); with
+        compilation on, compiled chunks (at the configured thread count, which they were
+        built for) then race the eager ones at the thread count that won, alternating
+        ``race_rounds`` times: where compiled code is slower it is switched off, and
+        ``compile_report`` says why. So compiled code is kept only where it beats the
+        best eager setting, not merely eager at the configured thread count.
         """
         runtime = self.runtime
-        self.threads, self.threads_report = None, ""
-        if runtime.torch_compile:
-            inputs = self.preprocessor(observation).to(self.device, self.dtype)
-            noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
-                                generator=self.generator)
-            for length in runtime.prompt_lengths:
-                runtime.sample(with_prompt_length(inputs, length), noise)
-        for _ in range(iterations):
-            self.predict_action_chunk(observation)
-        runtime.compile_new_signatures = False   # never compile mid-control: a new shape runs eager
+        self.threads, self.threads_report, self.build_report = None, "", ""
+        runtime.build_new_signatures = True
+        try:
+            if runtime.torch_compile or runtime.cuda_graphs_active:
+                self._build_buckets(observation)
+            for _ in range(iterations):
+                self.predict_action_chunk(observation)
+        finally:
+            runtime.build_new_signatures = False     # never build mid-control: a new shape runs eager
         compiling = runtime.torch_compile
         if self.device.type == "cpu" and race_rounds > 0:
             runtime.torch_compile = False        # the thread race is eager's
@@ -229,15 +231,91 @@ class Policy:
         runtime.cache.reset()
         self.stats.clear()
 
+    def _build_buckets(self, observation: Mapping) -> None:
+        """
+        Capture or compile every bucket (batch sizes times prompt lengths) of the runtime.
+
+        A compiled batch size whose build fails (out of memory, say) is dropped with every
+        larger one, and ``build_report`` says why: those batches run eager, the smaller ones
+        stay compiled. A failed CUDA graph capture is raised, naming the batch size: torch
+        does not promise a usable device after one.
+        """
+        runtime = self.runtime
+        inputs = self.preprocessor(observation).to(self.device, self.dtype)
+        noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
+                            generator=self.generator)
+        sizes = runtime.batch_sizes or (inputs.batch_size,)
+        for index, size in enumerate(sizes):
+            rows, rows_noise = with_batch_size(inputs, noise, size)
+            try:
+                for length in runtime.prompt_lengths or (inputs.tokens.shape[1],):
+                    runtime.sample(with_prompt_length(rows, length), rows_noise)
+            except Exception as error:  # noqa: B902 - the first size's failure is the caller's to judge
+                reason = (str(error).strip().splitlines() or [""])[0][:200]
+                if runtime.cuda_graphs_active and index > 0:
+                    raise RuntimeError(f"capturing CUDA graphs for batch size {size} failed ({type(error).__name__}: "
+                                       f"{reason}); lower batch.max_size") from error
+                if index == 0:
+                    raise
+                runtime.keep_batch_sizes(sizes[:index])
+                self.build_report = (f"batches of {size} or more rows run eager: building batch size {size} "
+                                     f"failed: {type(error).__name__}: {reason}")
+                return
+
     def _race(self, observation: Mapping, rounds: int) -> None:
         """
         Time compiled against eager chunks, alternating; keep compiled code only where it is not slower.
 
         Eager runs at the thread count its own race kept (``self.threads``), compiled code at
-        the configured one; the winner's thread count is what the policy keeps.
+        the configured one; the winner's thread count is what the policy keeps. Batch
+        buckets above 1 then race too (``_race_batch_buckets``).
         """
-        runtime, times = self.runtime, {True: [], False: []}
+        runtime = self.runtime
         eager_threads = self.threads
+        fast, slow = self._time_compiled_against_eager(observation, rounds, eager_threads)
+        runtime.torch_compile = fast <= slow
+        self.threads = None if runtime.torch_compile else eager_threads
+        if runtime.torch_compile and eager_threads is not None:
+            self.threads_report += f"; compiled code won, running with {torch.get_num_threads()}"
+        eager = "eager" if eager_threads is None else f"eager with {eager_threads} thread(s)"
+        self.compile_report = (f"compiled {fast:.2f} ms vs {eager} {slow:.2f} ms per chunk (median of {rounds}, "
+                               f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
+                                                                else "compiled code refused, running eager"))
+        if runtime.torch_compile:
+            self._race_batch_buckets(observation, rounds)
+
+    def _race_batch_buckets(self, observation: Mapping, rounds: int) -> None:
+        """
+        Keep a batch bucket only where its padded compiled batch beats eager at the fewest rows it serves.
+
+        On the CPU a compiled batch costs about its rows, so a bucket of 8 serving 5 robots
+        pays for 8: where that loses to eager at 5 rows, the bucket and every larger one are
+        dropped (those batches run eager). Only for a single warm-up observation, copied.
+        """
+        runtime = self.runtime
+        sizes = runtime.batch_sizes
+        if len(sizes) < 2 or self.preprocessor(observation).batch_size != 1:
+            return
+        verdicts = []
+        try:
+            for index in range(1, len(sizes)):
+                rows = sizes[index - 1] + 1
+                # Eager as it would run these rows: at the configured thread count, as compiled code won.
+                fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
+                verdicts.append(f"{sizes[index]} {'kept' if fast <= slow else 'dropped'} "
+                                f"({fast:.1f} vs {slow:.1f} ms at {rows} rows)")
+                if fast > slow:
+                    runtime.keep_batch_sizes(sizes[:index])
+                    break
+        finally:
+            runtime.torch_compile, self.threads = True, None
+        self.compile_report += ("; batch buckets, compiled (padded) vs eager: " + ", ".join(verdicts)
+                                + ("" if runtime.batch_sizes == sizes else "; larger batches run eager"))
+
+    def _time_compiled_against_eager(self, observation: Mapping, rounds: int,
+                                     eager_threads: Optional[int]) -> tuple[float, float]:
+        """Return the median compiled and eager chunk times (ms), alternating ``rounds`` times."""
+        runtime, times = self.runtime, {True: [], False: []}
         for _ in range(rounds):
             for compiled in (True, False):
                 runtime.torch_compile = compiled
@@ -248,14 +326,7 @@ class Policy:
                 self.predict_action_chunk(observation)
                 times[compiled].append(time.perf_counter() - t0)
         fast, slow = (float(np.median(times[c])) * 1e3 for c in (True, False))
-        runtime.torch_compile = fast <= slow
-        self.threads = None if runtime.torch_compile else eager_threads
-        if runtime.torch_compile and eager_threads is not None:
-            self.threads_report += f"; compiled code won, running with {torch.get_num_threads()}"
-        eager = "eager" if eager_threads is None else f"eager with {eager_threads} thread(s)"
-        self.compile_report = (f"compiled {fast:.2f} ms vs {eager} {slow:.2f} ms per chunk (median of {rounds}, "
-                               f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
-                                                                else "compiled code refused, running eager"))
+        return fast, slow
 
     def _race_threads(self, observation: Mapping, rounds: int) -> None:
         """

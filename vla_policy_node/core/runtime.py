@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .compiled import CompiledSample, input_signature, with_prompt_length
+from .compiled import CompiledSample, input_signature
 from .flow import VelocityFn, euler_integrate, euler_schedule
 from .prefix_cache import PrefixContext, VLAPrefixCache
 from .program_cache import compiler_settings, device_kind, ProgramCache, source_digest, tensors_digest
+from .shape_buckets import smallest_holding, with_batch_size, with_prompt_length
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
@@ -89,16 +90,30 @@ class PolicyRuntime:
         self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
         self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
-        self.compile_new_signatures = True      # False after the warm-up: a new input shape runs eager
+        self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         self._compiled: dict[tuple, CompiledSample] = {}
         self.program_cache: Optional[ProgramCache] = None   # None: the user's cache folder, at the first compile
-        self.prompt_lengths: tuple[int, ...] = ()   # compiled prompt lengths ('longest' padding pads up to one)
+        # Shapes the graphs and programs are built for (see ``shape_buckets``); empty: each call's own.
+        self.prompt_lengths: tuple[int, ...] = ()   # 'longest' padding pads a prompt up to one of these
+        self.batch_sizes: tuple[int, ...] = ()      # a server pads a batch up to one of these
         self._program_key: Optional[dict] = None
 
     @property
     def compiled_signatures(self) -> tuple[tuple, ...]:
         """Input signatures (shapes, dtypes) the compiled path has compiled for, in order."""
         return tuple(self._compiled)
+
+    def keep_batch_sizes(self, sizes: tuple[int, ...]) -> None:
+        """Build only ``sizes`` from now on and free what was built for other batch sizes (those run eager)."""
+        self.batch_sizes = tuple(sizes)
+        for built in (self._compiled, self._graphs):
+            for key in [k for k in built if k[-1][0][0] not in sizes]:   # k[-1]: the noise's (shape, dtype, device)
+                del built[key]
+
+    @property
+    def graphed_signatures(self) -> tuple[tuple, ...]:
+        """Input signatures (shapes, dtypes) CUDA graphs were captured for, in order."""
+        return tuple(self._graphs)
 
     @property
     def cuda_graphs_active(self) -> bool:
@@ -132,16 +147,19 @@ class PolicyRuntime:
 
         ``guide`` wraps the velocity function (real-time chunking); guided
         sampling needs autograd, so it runs under ``no_grad`` with local
-        ``enable_grad`` instead of ``inference_mode``.
+        ``enable_grad`` instead of ``inference_mode``, and always eager. Unguided
+        calls with CUDA graphs or compiled code run padded up to a built bucket
+        (``bucketed``) and return only their own rows.
         """
         self._check_noise(noise, inputs.batch_size)
-        if guide is None and self.cuda_graphs_active:
-            return self._sample_graphed(inputs, noise)
-        if guide is None and self.torch_compile:
-            inputs = self.bucketed(inputs)
-            key = input_signature(inputs, noise)
-            if key in self._compiled or self.compile_new_signatures:
-                return self._sample_compiled(inputs, noise, key)
+        if guide is None and (self.cuda_graphs_active or self.torch_compile):
+            rows = inputs.batch_size
+            built_inputs, built_noise = self.bucketed(inputs, noise.to(self.device, torch.float32))
+            key = input_signature(built_inputs, built_noise)
+            built = self._graphs if self.cuda_graphs_active else self._compiled
+            if key in built or self.build_new_signatures:
+                sample = self._sample_graphed if self.cuda_graphs_active else self._sample_compiled
+                return sample(built_inputs, built_noise, key)[:rows]
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
             ctx = self.encode(inputs)
@@ -155,11 +173,20 @@ class PolicyRuntime:
         self.stats.control_steps += 1
         return actions
 
-    def bucketed(self, inputs: ModelInputs) -> ModelInputs:
-        """Pad the prompt (mask false) to the smallest of ``prompt_lengths`` that holds it; others unchanged."""
-        length = inputs.tokens.shape[1]
-        fits = [n for n in self.prompt_lengths if n >= length]
-        return with_prompt_length(inputs, fits[0]) if fits and fits[0] != length else inputs
+    def bucketed(self, inputs: ModelInputs, noise: Tensor) -> tuple[ModelInputs, Tensor]:
+        """
+        Pad the prompt and the batch up to the smallest built length and size that hold them.
+
+        A dimension no bucket holds (or with no buckets) stays as it is: a shape the
+        warm-up did not build, which then runs eager.
+        """
+        length = smallest_holding(self.prompt_lengths, inputs.tokens.shape[1])
+        if length is not None and length != inputs.tokens.shape[1]:
+            inputs = with_prompt_length(inputs, length)
+        size = smallest_holding(self.batch_sizes, inputs.batch_size)
+        if size is not None and size != inputs.batch_size:
+            inputs, noise = with_batch_size(inputs, noise, size)
+        return inputs, noise
 
     def program_key(self) -> dict:
         """Return what every compiled program of this runtime is built from, but its inputs (computed once)."""
@@ -186,9 +213,8 @@ class PolicyRuntime:
                 return self.model.velocity(x_t, self.time_cond[k], ctx)
             return euler_integrate(velocity, noise.to(self.device, torch.float32), self.dt, self.num_steps)
 
-    def _sample_graphed(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
-        """``sample`` replayed from CUDA graphs captured at the first call of each input shape (the warm-up)."""
-        key = input_signature(inputs, noise)
+    def _sample_graphed(self, inputs: ModelInputs, noise: Tensor, key: tuple) -> Tensor:
+        """``sample`` replayed from the CUDA graphs of this input signature (captured in the warm-up)."""
         with torch.inference_mode():
             if key not in self._graphs:
                 self._graphs[key] = CudaGraphSample(self, inputs, noise)

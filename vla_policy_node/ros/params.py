@@ -122,8 +122,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'the CPU, with a log line, where no GPU exists.'),
     ParamSpec('dtype', 'float32', 'Weights and activation dtype.', choices=DTYPES),
     ParamSpec('cuda_graphs', True, 'On CUDA, capture the prefix pass and the denoising loop as '
-              'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager). Needs '
-              'a fixed prompt length: off, with a warning, for checkpoints padding to the longest.'),
+              'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager). For '
+              'checkpoints padding to the longest, one capture per prompt length bucket.'),
     ParamSpec('compile', False, 'Compile the prefix pass and the denoising loop ahead of time '
               '(torch.export + AOTInductor) during the warm-up, before the node reports ready. '
               'Pays off on the CPU for small models; needs a C++ compiler and Python headers (on CUDA, '

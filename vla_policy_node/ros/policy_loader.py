@@ -18,6 +18,7 @@ import torch
 
 from vla_policy_node.core.policy import resolve_device
 from vla_policy_node.core.program_cache import ProgramCache
+from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.models import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import NodeSettings
 
@@ -33,8 +34,13 @@ def feature_names(camera_names: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def make_policy(settings: NodeSettings, info: Callable[[str], None],
-                warn: Callable[[str], None]) -> Any:
-    """Build or load the policy, check it fits the configured cameras and joints, warm it up."""
+                warn: Callable[[str], None], batch_sizes: tuple[int, ...] = ()) -> Any:
+    """
+    Build or load the policy, check it fits the configured cameras and joints, warm it up.
+
+    ``batch_sizes``: the batch sizes CUDA graphs or compiled programs are built for in the
+    warm-up (a server's; empty: the warm-up observation's, one row).
+    """
     try:
         torch_device, fallback = resolve_device(settings.device)
     except ValueError as error:
@@ -75,15 +81,13 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     if horizon > policy.chunk_size:
         raise PolicyLoadError(
             f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
-    # Acts on CUDA only, captured in the warm-up; graphs need the fixed prompt length of
-    # max_length padding (with 'longest' every new length would be captured mid-control).
-    policy.runtime.cuda_graphs = settings.cuda_graphs and policy.preprocessor.padding == 'max_length'
-    if settings.cuda_graphs and not policy.runtime.cuda_graphs and torch_device.type == 'cuda':
-        warn("cuda_graphs is off: the checkpoint pads prompts to the longest, not to max_length")
-    # Compiled code is specialised to the input shapes: 'longest' padding is served by a few
-    # prompt lengths, all compiled (or loaded from the cache) in the warm-up. Guided (rtc)
-    # sampling needs autograd and always runs eager, so compiling would buy nothing.
+    # Graphs (CUDA only) and compiled code are specialised to the input shapes: 'longest'
+    # padding is served by a few prompt lengths, a server's batches by a few sizes, all
+    # captured or compiled (or loaded from the cache) in the warm-up, none mid-control.
+    # Guided (rtc) sampling needs autograd and always runs eager, so compiling would buy nothing.
     runtime = policy.runtime
+    runtime.cuda_graphs = settings.cuda_graphs
+    runtime.batch_sizes = tuple(batch_sizes)
     if settings.torch_compile and settings.chunking.blend == 'rtc':
         warn("compile is off: with chunking.blend 'rtc' every chunk but an episode's first is guided (eager)")
     elif settings.torch_compile and runtime.cuda_graphs_active:
@@ -106,9 +110,23 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
         cache = runtime.program_cache
         info(f'compile cache {cache.root}: {cache.stats.loaded} programs loaded, {cache.stats.built} compiled '
              f'({cache.stats.rebuilt} entries found corrupt or foreign and rebuilt)')
+    if policy.build_report:
+        warn(policy.build_report)
     if policy.compile_report:
         (info if runtime.torch_compile else warn)(policy.compile_report)
     if policy.threads_report:
         info(policy.threads_report)
-    info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else ''))
+    info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else '')
+         + built_shapes(runtime))
     return policy
+
+
+def built_shapes(runtime: PolicyRuntime) -> str:
+    """Say which batch sizes and prompt lengths the warm-up built graphs or programs for ('' if none)."""
+    if not (runtime.torch_compile or runtime.cuda_graphs_active):
+        return ''
+    parts = [f'{name} {", ".join(map(str, sizes))}'
+             for name, sizes in (('batch sizes', runtime.batch_sizes), ('prompt lengths', runtime.prompt_lengths))
+             if sizes]
+    what = 'CUDA graphs' if runtime.cuda_graphs_active else 'programs'
+    return f'; {what} built for {"; ".join(parts)}' if parts else ''

@@ -39,6 +39,7 @@ from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.core.batch_server import BatchConfig, BatchServer, ServedChunk, ServedRequest
 from vla_policy_node.core.inference import FAULT_RAISED
+from vla_policy_node.core.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
 from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, SPECS
 from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
@@ -62,7 +63,9 @@ POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'd
 SERVER_PARAMETERS = (
     ParamSpec('batch.window', 0.005, 'Seconds the first queued request waits for others to '
               'share its batch (one prefix pass, one denoising loop).', bounds=(0.0, 1.0)),
-    ParamSpec('batch.max_size', 16, 'Most requests in one batch.', bounds=(1, MAX_ROBOTS)),
+    ParamSpec('batch.max_size', 16, 'Most requests in one batch. With cuda_graphs or compile, graphs or '
+              'programs are built in the warm-up for batches of 1, 2, 4, ... and this size; a batch '
+              'runs padded to the smallest that holds it.', bounds=(1, MAX_ROBOTS)),
 )
 NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
                           ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
@@ -132,8 +135,8 @@ class PolicyServerNode(Node):
     def __init__(self) -> None:
         super().__init__(NODE_NAME)
         self._settings = declare_server_parameters(self)
-        self._policy = make_policy(self._settings, self.get_logger().info,
-                                   self.get_logger().warning)
+        self._policy = make_policy(self._settings, self.get_logger().info, self.get_logger().warning,
+                                   batch_sizes=batch_buckets(self._settings.batch_max_size))
         self._bad_requests = 0
         self._masked_cameras_logged: set[str] = set()
         self._troubles_reported = 0
