@@ -19,6 +19,7 @@ from .preprocessing import Preprocessor
 from .rtc import batch_rtc_guide, rtc_guided_velocity
 from .runtime import PolicyRuntime
 from .shape_buckets import prompt_buckets, with_batch_size, with_prompt_length
+from .types import ModelInputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -199,22 +200,27 @@ class Policy:
 
         The first calls pay for allocator growth, kernel selection and (on CUDA) graph
         capture; they are not control steps, so the counters and latencies start afresh.
-        With CUDA graphs or compilation on, every bucket (``runtime.prompt_lengths``
-        times ``runtime.batch_sizes``) is captured or compiled (or loaded from the
-        cache) here, and nothing is built after: a shape outside the buckets runs eager.
-        On the CPU, eager chunks then race over thread counts (``threads_report``); with
-        compilation on, compiled chunks (at the configured thread count, which they were
-        built for) then race the eager ones at the thread count that won, alternating
-        ``race_rounds`` times: where compiled code is slower it is switched off, and
-        ``compile_report`` says why. So compiled code is kept only where it beats the
-        best eager setting, not merely eager at the configured thread count.
+        With CUDA graphs or compilation on, every bucket (``runtime.prompt_lengths`` times
+        ``runtime.batch_sizes``) is captured or compiled (or loaded from the cache) here, and
+        nothing is built after: a shape outside the buckets runs eager. On the CPU, eager
+        chunks race over thread counts (``threads_report``); with compilation on, compiled
+        chunks (at the configured thread count, which they were built for) then race the
+        eager ones at the thread count that won, alternating ``race_rounds`` times: where
+        compiled code is slower it is switched off, and ``compile_report`` says why. So
+        compiled code is kept only where it beats the best eager setting. Larger batch
+        sizes are built only after that, one at a time (``_grow_batch_buckets``), so a
+        model whose compiled code loses compiles one batch size, not all of them.
         """
         runtime = self.runtime
         self.threads, self.threads_report, self.build_report = None, "", ""
+        building = runtime.torch_compile or runtime.cuda_graphs_active
         runtime.build_new_signatures = True
         try:
-            if runtime.torch_compile or runtime.cuda_graphs_active:
-                self._build_buckets(observation)
+            if building:
+                inputs = self.preprocessor(observation).to(self.device, self.dtype)
+                noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
+                                    generator=self.generator)
+                self._build_batch_size(inputs, noise, (runtime.batch_sizes or (inputs.batch_size,))[0])
             for _ in range(iterations):
                 self.predict_action_chunk(observation)
         finally:
@@ -228,47 +234,71 @@ class Policy:
                 runtime.torch_compile = compiling
         if compiling and race_rounds > 0:
             self._race(observation, race_rounds)
+        if building and (runtime.torch_compile or runtime.cuda_graphs_active):
+            self._grow_batch_buckets(observation, inputs, noise, race_rounds if runtime.torch_compile else 0)
         runtime.cache.reset()
         self.stats.clear()
 
-    def _build_buckets(self, observation: Mapping) -> None:
-        """
-        Capture or compile every bucket (batch sizes times prompt lengths) of the runtime.
+    def _build_batch_size(self, inputs: ModelInputs, noise: torch.Tensor, size: int) -> None:
+        """Capture or compile (or load) the programs of one batch size, one per prompt length."""
+        rows, rows_noise = with_batch_size(inputs, noise, size)
+        for length in self.runtime.prompt_lengths or (inputs.tokens.shape[1],):
+            self.runtime.sample(with_prompt_length(rows, length), rows_noise)
 
-        A compiled batch size whose build fails (out of memory, say) is dropped with every
-        larger one, and ``build_report`` says why: those batches run eager, the smaller ones
-        stay compiled. A failed CUDA graph capture is raised, naming the batch size: torch
-        does not promise a usable device after one.
+    def _grow_batch_buckets(self, observation: Mapping, inputs: ModelInputs, noise: torch.Tensor,
+                            rounds: int) -> None:
+        """
+        Build the batch sizes above the first, one at a time, each raced against eager before the next.
+
+        On the CPU a compiled batch costs about its rows, so a bucket of 8 serving 5 robots
+        pays for 8: where that loses to eager at the fewest rows the bucket serves (5), the
+        bucket is dropped and no larger one is built; those batches run eager (``rounds`` 0:
+        no race, as for CUDA graphs). A compiled batch size whose build fails (out of memory,
+        say) is dropped the same way, and ``build_report`` says why. A failed CUDA graph
+        capture is raised, naming the batch size: torch does not promise a usable device
+        after one. The race needs a single warm-up observation, which it copies.
         """
         runtime = self.runtime
-        inputs = self.preprocessor(observation).to(self.device, self.dtype)
-        noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
-                            generator=self.generator)
-        sizes = runtime.batch_sizes or (inputs.batch_size,)
-        for index, size in enumerate(sizes):
-            rows, rows_noise = with_batch_size(inputs, noise, size)
+        sizes = runtime.batch_sizes
+        verdicts = []
+        for index in range(1, len(sizes)):
+            size = sizes[index]
+            runtime.build_new_signatures = True
             try:
-                for length in runtime.prompt_lengths or (inputs.tokens.shape[1],):
-                    runtime.sample(with_prompt_length(rows, length), rows_noise)
-            except Exception as error:  # noqa: B902 - the first size's failure is the caller's to judge
+                self._build_batch_size(inputs, noise, size)
+            except Exception as error:  # noqa: B902 - the compiler and the allocator fail in many ways
                 reason = (str(error).strip().splitlines() or [""])[0][:200]
-                if runtime.cuda_graphs_active and index > 0:
+                if runtime.cuda_graphs_active:
                     raise RuntimeError(f"capturing CUDA graphs for batch size {size} failed ({type(error).__name__}: "
                                        f"{reason}); lower batch.max_size") from error
-                if index == 0:
-                    raise
                 runtime.keep_batch_sizes(sizes[:index])
                 self.build_report = (f"batches of {size} or more rows run eager: building batch size {size} "
                                      f"failed: {type(error).__name__}: {reason}")
-                return
+                break
+            finally:
+                runtime.build_new_signatures = False
+            if rounds == 0 or inputs.batch_size != 1:
+                continue
+            rows = sizes[index - 1] + 1
+            try:             # eager as it would run these rows: at the configured thread count, as compiled code won
+                fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
+            finally:
+                runtime.torch_compile, self.threads = True, None
+            verdicts.append(f"{size} {'kept' if fast <= slow else 'dropped'} "
+                            f"({fast:.1f} vs {slow:.1f} ms at {rows} rows)")
+            if fast > slow:
+                runtime.keep_batch_sizes(sizes[:index])
+                break
+        if verdicts:
+            self.compile_report += ("; batch buckets, compiled (padded) vs eager: " + ", ".join(verdicts)
+                                    + ("" if runtime.batch_sizes == sizes else "; larger batches run eager"))
 
     def _race(self, observation: Mapping, rounds: int) -> None:
         """
         Time compiled against eager chunks, alternating; keep compiled code only where it is not slower.
 
         Eager runs at the thread count its own race kept (``self.threads``), compiled code at
-        the configured one; the winner's thread count is what the policy keeps. Batch
-        buckets above 1 then race too (``_race_batch_buckets``).
+        the configured one; the winner's thread count is what the policy keeps.
         """
         runtime = self.runtime
         eager_threads = self.threads
@@ -281,36 +311,6 @@ class Policy:
         self.compile_report = (f"compiled {fast:.2f} ms vs {eager} {slow:.2f} ms per chunk (median of {rounds}, "
                                f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
                                                                 else "compiled code refused, running eager"))
-        if runtime.torch_compile:
-            self._race_batch_buckets(observation, rounds)
-
-    def _race_batch_buckets(self, observation: Mapping, rounds: int) -> None:
-        """
-        Keep a batch bucket only where its padded compiled batch beats eager at the fewest rows it serves.
-
-        On the CPU a compiled batch costs about its rows, so a bucket of 8 serving 5 robots
-        pays for 8: where that loses to eager at 5 rows, the bucket and every larger one are
-        dropped (those batches run eager). Only for a single warm-up observation, copied.
-        """
-        runtime = self.runtime
-        sizes = runtime.batch_sizes
-        if len(sizes) < 2 or self.preprocessor(observation).batch_size != 1:
-            return
-        verdicts = []
-        try:
-            for index in range(1, len(sizes)):
-                rows = sizes[index - 1] + 1
-                # Eager as it would run these rows: at the configured thread count, as compiled code won.
-                fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
-                verdicts.append(f"{sizes[index]} {'kept' if fast <= slow else 'dropped'} "
-                                f"({fast:.1f} vs {slow:.1f} ms at {rows} rows)")
-                if fast > slow:
-                    runtime.keep_batch_sizes(sizes[:index])
-                    break
-        finally:
-            runtime.torch_compile, self.threads = True, None
-        self.compile_report += ("; batch buckets, compiled (padded) vs eager: " + ", ".join(verdicts)
-                                + ("" if runtime.batch_sizes == sizes else "; larger batches run eager"))
 
     def _time_compiled_against_eager(self, observation: Mapping, rounds: int,
                                      eager_threads: Optional[int]) -> tuple[float, float]:
