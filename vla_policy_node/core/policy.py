@@ -38,6 +38,12 @@ def resolve_device(name: str) -> tuple[torch.device, Optional[str]]:
     raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
 
 
+def error_summary(error: BaseException, limit: int = 300) -> str:
+    """Return ``Type: first line of the message`` (at most ``limit`` characters): compiler errors run to pages."""
+    first = (str(error).strip().splitlines() or [""])[0][:limit]
+    return f"{type(error).__name__}: {first}"
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
@@ -267,13 +273,13 @@ class Policy:
             try:
                 self._build_batch_size(inputs, noise, size)
             except Exception as error:  # noqa: B902 - the compiler and the allocator fail in many ways
-                reason = (str(error).strip().splitlines() or [""])[0][:200]
+                reason = error_summary(error, 200)
                 if runtime.cuda_graphs_active:
-                    raise RuntimeError(f"capturing CUDA graphs for batch size {size} failed ({type(error).__name__}: "
-                                       f"{reason}); lower batch.max_size") from error
+                    raise RuntimeError(f"capturing CUDA graphs for batch size {size} failed ({reason}); "
+                                       "lower batch.max_size") from error
                 runtime.keep_batch_sizes(sizes[:index])
                 self.build_report = (f"batches of {size} or more rows run eager: building batch size {size} "
-                                     f"failed: {type(error).__name__}: {reason}")
+                                     f"failed: {reason}")
                 break
             finally:
                 runtime.build_new_signatures = False

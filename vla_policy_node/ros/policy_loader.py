@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vla_policy_node.core.policy import resolve_device
+from vla_policy_node.core.policy import error_summary, resolve_device
 from vla_policy_node.core.program_cache import ProgramCache
 from vla_policy_node.core.runtime import PolicyRuntime
 from vla_policy_node.models import build_tiny_policy, load_policy
@@ -102,8 +102,7 @@ def make_policy(settings: NodeSettings, info: Callable[[str], None],
     except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
         if not runtime.torch_compile:
             raise
-        reason = (str(error).strip().splitlines() or [''])[0][:300]
-        warn(f'compile failed, running eager: {type(error).__name__}: {reason}')
+        warn(f'compile failed, running eager: {error_summary(error)}')
         runtime.torch_compile = False
         policy.warmup(policy.dummy_observation())
     if runtime.program_cache is not None:
