@@ -146,3 +146,16 @@ def test_the_link_names_the_topic_the_loops_refusal_is_about():
     assert outputs.link((0, 0)) == (0, 0, 'arm_controller/joint_trajectory', (0, 1, 2, 3, 4))
     arm.subscribers = 1
     assert outputs.link((0, 0))[2:] == ('arm_controller/joint_trajectory', ())
+
+
+def test_the_link_names_every_contested_topic_with_its_count():
+    """The loop reports the sum of other publishers: with several topics, each says its share."""
+    settings = settings_from_values({**VALUES, **GROUPS})
+    node = FakeNode()
+    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    assert outputs.link((1, 2))[1:3] == (
+        3, 'arm_controller/joint_trajectory (1) and gripper_controller/commands (2)')
+    assert outputs.link((0, 2))[1:3] == (2, 'gripper_controller/commands')
+    for publisher in (node.publishers[t][1] for t in node.publishers):
+        publisher.subscribers = 0
+    assert outputs.link((0, 0))[2] == 'arm_controller/joint_trajectory and gripper_controller/commands'

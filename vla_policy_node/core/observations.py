@@ -8,15 +8,19 @@ frames and joint states are also judged by their header stamps when the loop is 
 them (``use_header_stamps``): a stamp that goes backwards (out of order) or is older than
 ``max_observation_age`` (late data that arrived on time) is refused, and so is one further
 ahead of the loop's clock than that age, with a message saying the clocks disagree. Zero
-stamps (drivers that do not stamp) are judged by arrival alone.
+stamps (drivers that do not stamp) are judged by arrival alone. An accepted input was
+observed at the earlier of its arrival and its stamp: actions age from that
+(``oldest_input``), so a frame that spent 0.4 s in transit leaves its actions 0.4 s less.
 
 A refused message marks its stream faulted until good data replaces it, so a stream that
 turns bad stops commands at once instead of after ``max_observation_age``. A camera fault
 clears with the next good frame; a joint-state fault only once every joint has been given
 again by finite, well-stamped messages (one complete message, or several partial ones from
 split publishers): an empty or partial message cannot clear it. Messages without positions
-(velocity- or effort-only publishers) are not joint positions at all: they are ignored.
-Not thread-safe: the control loop calls it under its lock.
+(velocity- or effort-only publishers) are not joint positions at all: they are ignored, and
+so are messages naming none of the configured joints (another device on the same topic,
+however malformed), which are counted. Not thread-safe: the control loop calls it under its
+lock.
 """
 
 from __future__ import annotations
@@ -33,6 +37,42 @@ from vla_policy_node.core.safety import is_fresh, stamp_problem
 
 JOINT_STATES = 'joint_states'
 INSTRUCTION = 'instruction'
+# Far more joints than any robot has, few enough that checking a message stays cheap under
+# the loop's lock; a larger message is refused unread.
+MAX_JOINT_STATE_NAMES = 4096
+MAX_REPORTED_UNKNOWN = 100      # unconfigured joint names remembered (and logged once each)
+NAME_WIDTH = 64                 # characters of a name kept in logs, faults and memory
+
+
+def preview(names: Sequence[str], count: int = 8) -> str:
+    """
+    Show at most ``count`` names, each cut to ``NAME_WIDTH`` characters, for a log or a fault.
+
+    Names come from other processes: one hostile message must not make a megabyte log line.
+    """
+    shown = [repr(name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH] + '...')
+             for name in names[:count]]
+    more = f', ... {len(names) - count} more' if len(names) > count else ''
+    return f"[{', '.join(shown)}{more}]"
+
+
+def newly_unknown(unknown: Sequence[str], reported: set[str],
+                  limit: int = MAX_REPORTED_UNKNOWN) -> list[str]:
+    """
+    Return the names of ``unknown`` not in ``reported`` yet (cut to ``NAME_WIDTH``), adding them.
+
+    Each unconfigured name is logged once; ``reported`` stops growing at ``limit`` names, so a
+    publisher inventing names cannot grow it (or the log) without end.
+    """
+    new = []
+    for name in unknown:
+        if len(reported) >= limit:
+            break
+        name = name[:NAME_WIDTH]
+        if name not in reported:
+            reported.add(name)
+            new.append(name)
+    return sorted(new)
 
 
 @dataclass(frozen=True)
@@ -56,30 +96,39 @@ def merge_joint_state(names: Sequence[str], positions: Sequence[float],
 
     Publishers split joints over several messages and order them as they like, so a message
     may name any subset of the joints in any order; joints it does not name keep their value
-    in ``current`` (NaN until first seen). Names outside ``joint_order`` are reported, not
-    fatal. A NaN or infinite position for a configured joint, an empty or duplicated name, or a count
-    of positions that differs from the count of names reject the whole message (ValueError).
+    in ``current`` (NaN until first seen). Only the configured joints' entries are checked:
+    other devices may share the topic, so names outside ``joint_order`` are reported, not
+    checked, and a message naming none of the joints changes nothing (``updated`` all False)
+    however malformed it is. A message that names a joint is rejected whole (ValueError) for
+    a NaN or infinite position of a configured joint, a configured name given twice, or a
+    count of positions that differs from the count of names. One with more than
+    ``MAX_JOINT_STATE_NAMES`` names is rejected unread.
     """
-    if len(positions) != len(names):
-        raise ValueError(f'joint state has {len(names)} names but {len(positions)} positions')
-    if any(not name.strip() for name in names):
-        raise ValueError(f'joint state has an empty joint name: {list(names)}')
-    if len(set(names)) != len(names):
-        duplicated = sorted({name for name in names if list(names).count(name) > 1})
-        raise ValueError(f'joint state names are duplicated: {duplicated}')
+    if len(names) > MAX_JOINT_STATE_NAMES:
+        raise ValueError(f'joint state has {len(names)} names, more than {MAX_JOINT_STATE_NAMES}: '
+                         'refused unread')
     index = {name: i for i, name in enumerate(joint_order)}
     merged = np.array(current, dtype=np.float64, copy=True)
     updated = np.zeros(len(joint_order), dtype=bool)
-    unknown = []
-    for name, value in zip(names, positions):
-        if name not in index:
-            unknown.append(name)
+    ours = [(k, index[name]) for k, name in enumerate(names) if name in index]
+    unknown = tuple(name for name in names if name not in index)
+    if not ours:
+        return JointStateUpdate(positions=merged, updated=updated, unknown_joints=unknown)
+    if len(positions) != len(names):
+        raise ValueError(f'joint state has {len(names)} names but {len(positions)} positions')
+    duplicated = []
+    for k, joint in ours:
+        if updated[joint]:
+            duplicated.append(names[k])
             continue
+        value = positions[k]
         if not math.isfinite(value):
-            raise ValueError(f"joint state position of '{name}' is not finite ({value})")
-        merged[index[name]] = float(value)
-        updated[index[name]] = True
-    return JointStateUpdate(positions=merged, updated=updated, unknown_joints=tuple(unknown))
+            raise ValueError(f"joint state position of '{names[k]}' is not finite ({value})")
+        merged[joint] = float(value)
+        updated[joint] = True
+    if duplicated:
+        raise ValueError(f'joint state names are duplicated: {preview(sorted(set(duplicated)))}')
+    return JointStateUpdate(positions=merged, updated=updated, unknown_joints=unknown)
 
 
 class ObservationBuffer:
@@ -91,9 +140,12 @@ class ObservationBuffer:
         self._images: dict[str, np.ndarray] = {}
         self._image_stamps: dict[str, float] = {}
         self._header_stamps: dict[str, float] = {}
+        self._image_observed: dict[str, float] = {}   # earlier of arrival and header stamp
         self._positions = np.full(len(joint_names), np.nan)
         self._joint_stamps = np.full(len(joint_names), np.nan)       # arrival, per joint
         self._joint_headers = np.full(len(joint_names), np.nan)      # header stamp, per joint
+        self._joint_observed = np.full(len(joint_names), np.nan)     # earlier of the two
+        self._ignored_joint_states = 0
         self._joints_to_clear = np.zeros(len(joint_names), dtype=bool)
         self._instruction: str | None = None
         self._errors: dict[str, str] = {}
@@ -107,6 +159,11 @@ class ObservationBuffer:
     def instruction(self) -> str | None:
         """Return the current task, or None before the first valid instruction."""
         return self._instruction
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Return the buffer's counters for diagnostics: messages ignored for naming no joint."""
+        return {'joint_states_without_configured_joints': self._ignored_joint_states}
 
     def set_image(self, camera: str, rgb: np.ndarray, now: float, stamp: float | None = None,
                   max_age: float = math.inf) -> str | None:
@@ -127,6 +184,7 @@ class ObservationBuffer:
             self._header_stamps[camera] = stamp
         self._images[camera] = rgb
         self._image_stamps[camera] = now
+        self._image_observed[camera] = now if stamp is None else min(now, stamp)
         self._errors.pop(camera, None)
         return None
 
@@ -137,10 +195,15 @@ class ObservationBuffer:
         Merge one joint-state message received at ``now`` (``stamp``: its header time or None).
 
         Returns (why it was refused or None, the names it carried that are not configured).
-        A refused message changes no position; the caller marks the stream faulted.
+        A refused message changes no position; the caller marks the stream faulted. One naming
+        none of the configured joints is only counted. Raises ValueError for a malformed
+        message (see ``merge_joint_state``).
         """
         update = merge_joint_state(names, positions, self._joint_names, self._positions)
-        if stamp is not None and update.updated.any():
+        if not update.updated.any():
+            self._ignored_joint_states += 1
+            return None, update.unknown_joints
+        if stamp is not None:
             previous = self._joint_headers[update.updated]
             newest = float(np.nanmax(previous)) if not np.all(np.isnan(previous)) else None
             if newest is not None and newest - now > max_age:
@@ -151,6 +214,7 @@ class ObservationBuffer:
             self._joint_headers[update.updated] = stamp
         self._positions = update.positions
         self._joint_stamps[update.updated] = now
+        self._joint_observed[update.updated] = now if stamp is None else min(now, stamp)
         if JOINT_STATES in self._errors:
             self._joints_to_clear &= ~update.updated
             if not self._joints_to_clear.any():
@@ -183,11 +247,19 @@ class ObservationBuffer:
         return report
 
     def problem(self, now: float, max_age: float) -> str | None:
-        """Why no command may be sent now (first unhealthy stream), or None when all are OK."""
-        for health in self.health(now, max_age):
-            if health.level != OK:
-                return f'{health.name}: {health.message}'
-        return None
+        """
+        Say why no command may be sent now, or None when every stream is OK.
+
+        The worst stream is named first (a fault before a stale or missing stream, so a stale
+        camera cannot hide a faulted joint state), then the other unhealthy ones.
+        """
+        unhealthy = sorted((health for health in self.health(now, max_age) if health.level != OK),
+                           key=lambda health: -health.level)
+        if not unhealthy:
+            return None
+        worst, others = unhealthy[0], unhealthy[1:]
+        also = f" (also unhealthy: {', '.join(health.name for health in others)})" if others else ''
+        return f'{worst.name}: {worst.message}{also}'
 
     def fresh_positions(self, now: float, max_age: float) -> np.ndarray | None:
         """Return the measured positions (J,) if every joint is fresh and unfaulted, else None."""
@@ -195,10 +267,19 @@ class ObservationBuffer:
             return None
         return self._positions.copy()
 
+    def last_positions(self) -> np.ndarray | None:
+        """Return the last accepted positions (J,), however old, or None until every joint was given."""
+        return None if np.isnan(self._positions).any() else self._positions.copy()
+
     def oldest_input(self) -> float:
-        """Return when the oldest camera frame or joint position in the observation arrived."""
-        return float(min([self._image_stamps[name] for name in self._camera_names]
-                         + self._joint_stamps.tolist()))
+        """
+        Return when the oldest camera frame or joint position in the observation was observed.
+
+        Each input counts from the earlier of its arrival and its header stamp (when stamps
+        are trusted): actions age from it, so time in transit is not granted twice.
+        """
+        return float(min([self._image_observed[name] for name in self._camera_names]
+                         + self._joint_observed.tolist()))
 
     def observation(self) -> dict[str, Any]:
         """Return the policy input (see the policy contract); valid if ``problem`` is None."""

@@ -167,17 +167,22 @@ class CommandOutputs:
 
     def link(self, others: Sequence[int]) -> tuple[int, int, str, tuple[int, ...]]:
         """
-        Return (fewest subscribers, other publishers on all, topic at fault, unheard joints).
+        Return (fewest subscribers, other publishers on all, topics at fault, unheard joints).
 
-        ``others`` comes from :meth:`other_publishers`. The topic named is the one the loop's
-        refusal is about: the first with another publisher (that refusal comes first), else
-        the first without a subscriber, else the first topic. The unheard joints (indices)
-        are those of the topics without a subscriber.
+        ``others`` comes from :meth:`other_publishers`. The topics named are those the loop's
+        refusal is about: the ones with another publisher (that refusal comes first; with
+        several, each with its count, as the loop reports the sum), else the ones without a
+        subscriber, else the first topic. The unheard joints (indices) are those of the
+        topics without a subscriber.
         """
         subscribers = [publisher.get_subscription_count() for publisher in self._publishers]
         topics = self.topics
-        fault = next((t for t, o in zip(topics, others) if o > 0),
-                     next((t for t, s in zip(topics, subscribers) if s == 0), topics[0]))
+        contested = [(t, o) for t, o in zip(topics, others) if o > 0]
+        if len(contested) > 1:
+            fault = ' and '.join(f'{t} ({o})' for t, o in contested)
+        else:
+            silent = [t for t, s in zip(topics, subscribers) if s == 0]
+            fault = contested[0][0] if contested else ' and '.join(silent) or topics[0]
         unheard = tuple(i for group, count in zip(self._groups, subscribers) if count == 0
                         for i in group.indices)
         return min(subscribers), sum(others), fault, unheard

@@ -40,6 +40,7 @@ from vla_policy_node.core.chunking import SchedulerConfig
 from vla_policy_node.core.control_loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
 from vla_policy_node.core.inference import InferenceWorker
 from vla_policy_node.core.joint_map import joint_mapped
+from vla_policy_node.core.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
 from vla_policy_node.ros import diagnostics
 from vla_policy_node.ros.command_groups import CommandOutputs
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
@@ -253,17 +254,18 @@ class PolicyWiring:
                 undecodable = error         # older messages than this one are not used
                 break
             taken.append((msg, now - age))
-            if len(msg.position):
-                covered.update(msg.name)
+            if len(msg.position):           # other devices' messages cover none of ours
+                covered.update(name for name in msg.name if name in joints)
         if undecodable is not None:         # in time order: the bad message, then the newer ones
             self._loop.reject(JOINT_STATES, str(undecodable))
         for msg, arrival in reversed(taken):
             unknown = self._loop.on_joint_state(
                 msg.name, msg.position, arrival, stamp_seconds(msg.header.stamp))
-            new = sorted(set(unknown) - self._reported_unknown)
+            new = newly_unknown(unknown, self._reported_unknown)
             if new:
-                self._reported_unknown.update(new)
-                self.get_logger().info(f'ignoring joints not in joint_names: {new}')
+                full = len(self._reported_unknown) >= MAX_REPORTED_UNKNOWN
+                self.get_logger().info(f'ignoring joints not in joint_names: {preview(new)}'
+                                       + (' (no further names are reported)' if full else ''))
 
     def _on_instruction(self, msg: String) -> None:
         try:
