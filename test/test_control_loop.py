@@ -240,16 +240,16 @@ def test_limits_only_tighten_at_run_time_and_never_exclude_the_last_command():
 
 def test_a_command_topic_without_subscriber_restarts_only_its_own_joints_from_the_measured_state():
     rig = Rig()
-    for _ in range(12):                 # the controllers lag: commanded 0.9, measured 0.5
-        rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+    for _ in range(12):                 # the gripper lags: commanded 0.9, measured 0.5
+        rig.step([0.9, 0.9, 0.5], chunk=ramp(0.9, 0.9))
     last = rig.commands()[-1]
     assert np.allclose(last, 0.9)
     rig.loop.set_command_link(subscribers=0, other_publishers=0, topic='gripper', unheard_joints=[2])
-    rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+    rig.step([0.9, 0.9, 0.5], chunk=ramp(0.9, 0.9))
     rig.loop.set_command_link(subscribers=1, other_publishers=0)
     sent = len(rig.sent)
     for _ in range(3):
-        rig.step([0.5, 0.5, 0.5], chunk=ramp(0.9, 0.9))
+        rig.step([0.9, 0.9, 0.5], chunk=ramp(0.9, 0.9))
     first = rig.commands()[sent]
     assert np.all(np.abs(first[:2] - last[:2]) <= 0.1 + 1e-12), 'the arm steps from what its controller got'
     assert abs(first[2] - 0.5) <= 0.1 + 1e-12, 'the gripper re-enters from where it is measured'
@@ -342,3 +342,84 @@ def test_actions_age_from_the_oldest_input_of_their_observation_not_from_the_req
         rig.inference.pending = None
     assert published and all(due - 100.0 <= 0.5 + 1e-9 for due in published), published
     assert any('more than max_action_age' in state for state in states), states
+
+
+def hold_on_a_policy_fault(rig: Rig, state) -> None:
+    """Make the loop hold (a raised policy fault), with fresh inputs at ``state``."""
+    rig.feed(state)
+    rig.loop.tick(rig.now)
+    rig.inference.deliver(None, 'raised', rig.now)
+    assert 'policy raised' in rig.state()
+
+
+def test_a_robot_moved_by_hand_during_a_hold_is_not_commanded_until_it_is_back():
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.3, 0.3, 0.3], chunk=ramp(0.3, 0.3))
+    hold_on_a_policy_fault(rig, [0.3, 0.3, 0.3])
+    assert rig.sent[-1][1] is None, 'the hold'
+    sent = len(rig.sent)
+    for _ in range(6):                  # hand-guided to 1.0 while holding; the policy answers again
+        rig.step([1.0, 0.3, 0.3], chunk=ramp(1.0, 0.3))
+    assert len(rig.sent) == sent, 'nothing after the hold'
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and 'someone moved the robot' in status.state and 'shoulder +0.700' in status.state
+    assert status.counters['moved_robot_refusals'] >= 1
+    for _ in range(4):                  # put back where the hold found it
+        rig.step([0.32, 0.3, 0.3], chunk=ramp(0.3, 0.3))
+    assert rig.state() == 'commanding'
+    chain = np.vstack([rig.sent[sent - 1][0][0], rig.commands()[sent:]])
+    assert len(chain) > 1 and np.all(np.abs(np.diff(chain, axis=0)) <= 0.1 + 1e-12), chain
+
+
+def test_an_arm_driven_away_by_another_publisher_is_not_yanked_back_when_it_leaves():
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    sent = len(rig.sent)
+    rig.loop.set_command_link(subscribers=1, other_publishers=1, topic='/arm/joint_trajectory')
+    for position in (0.1, 0.4, 0.7, 1.0):   # a teleop node drives the arm to 1.0
+        rig.step([position, position, 0.0], chunk=ramp(0.1, 0.0))
+    rig.loop.set_command_link(subscribers=1, other_publishers=0)
+    for _ in range(4):
+        rig.step([1.0, 1.0, 0.0], chunk=ramp(0.1, 0.0))
+    assert len(rig.sent) == sent, 'nothing: neither a jump back to 0.1 nor a hold fighting the other node'
+    assert 'someone moved the robot' in rig.state()
+
+
+def test_a_gripper_stopped_by_what_it_holds_resumes_after_a_hold():
+    rig = Rig()
+    for _ in range(6):                  # told to close to 0.0, stopped at 0.5 by the object
+        rig.step([0.2, 0.2, 0.5], chunk=ramp(0.2, 0.0))
+    hold_on_a_policy_fault(rig, [0.2, 0.2, 0.5])
+    sent = len(rig.sent)
+    for _ in range(4):
+        rig.step([0.2, 0.2, 0.5], chunk=ramp(0.2, 0.0))
+    assert rig.state() == 'commanding'
+    first = rig.commands()[sent]
+    assert 0.4 - 1e-12 <= first[2] < 0.5, 'it steps from where it is, towards closed'
+
+
+def test_after_a_stall_the_next_command_steps_from_the_point_the_controllers_reached():
+    rig = Rig(plan_points=0)            # every planned point per message, as a trajectory
+    chunk = np.column_stack([0.1 * np.arange(1, 5)] * 3)
+    rig.step([0.0, 0.0, 0.0], chunk=chunk)
+    rig.step([0.0, 0.0, 0.0])
+    points, _ = rig.sent[-1]
+    assert len(points) > 1
+    rig.now += 3 * DT                   # the executor stalled: the controllers ran on through the message
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    reached = points[min(3, len(points) - 1)]       # point i is due (i + 1) periods after it left
+    assert np.all(np.abs(rig.sent[-1][0][0] - reached) <= 0.1 + 1e-12), (rig.sent[-1][0][0], reached)
+
+
+def test_a_topic_without_subscriber_does_not_stop_the_hold_of_the_others():
+    rig = Rig(plan_points=0)
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.05, 0.05))
+    rig.loop.set_command_link(subscribers=0, other_publishers=0, topic='/gripper', unheard_joints=[2])
+    rig.step([0.0, 0.0, 0.0], chunk=ramp(0.05, 0.05))
+    points, times = rig.sent[-1]
+    assert times is None and len(points) == 1, 'one hold point: the arm stops instead of running on'
+    assert 'nobody subscribes to /gripper' in rig.state()

@@ -7,13 +7,16 @@ instruction changes, policy results and faults, command-link changes, limit chan
 stalled clock and a stop, every command that leaves the loop is:
 
 * finite and inside the limits in force when it left;
-* within ``min(max_step, max_velocity * dt)`` of the previous published command; the first
-  command of a segment (start, or after the command topic had no subscriber) within that of
-  the measured joint state instead;
+* within ``min(max_step, max_velocity * dt)`` of the point of the previous message the
+  controllers execute at that time; the first command of a segment (start, or after the
+  command topic had no subscriber) within that of the measured joint state instead;
+* after a hold, sent only if each joint is measured within ``max_step`` of that point (and
+  then steps from it) or of where the last action found it (then from where it is): never
+  for a robot moved during the hold, and never more than ``max_step`` and a step from it;
 * never computed from an observation older than ``max_action_age`` at the time it executes,
   and only from observation times of chunks that were really delivered;
-* absent while another publisher is on the command topic or nobody subscribes, and after stop
-  nothing but the one final hold.
+* absent while another publisher is on the command topic; only holds while nobody
+  subscribes; after stop nothing but the one final hold.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ class Checker:
     def __init__(self) -> None:
         self.loop: ControlLoop | None = None
         self.now = 0.0
-        self.previous: np.ndarray | None = None
+        self.sent: np.ndarray | None = None          # the last message (T, J) and when it left
+        self.sent_at = 0.0
+        self.commanded_at: np.ndarray | None = None  # measured when the last action left
         self.unheard = np.zeros(len(JOINTS), dtype=bool)   # joints whose topic lost its subscriber
         self.measured: np.ndarray | None = None     # last accepted joint state, None if stale/unknown
         self.delivered: set[float] = set()
         self.allowed = True     # the command link allows commands
+        self.contested = False  # another publisher: not even a hold
         self.stopped = False
         self.after_stop = 0
         self.published = Counter()
@@ -57,17 +63,34 @@ class Checker:
     def sink(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
         loop_settings = self.loop.settings
         limits = loop_settings.limits
-        assert self.allowed, 'published while another publisher or no subscriber is on the topic'
+        hold = obs_times is None
+        assert self.allowed or (hold and not self.contested), \
+            'published while another publisher or (but a hold) no subscriber is on the topic'
         if self.stopped:
             self.after_stop += 1
             assert self.after_stop == 1, 'published after the final hold'
         assert np.all(np.isfinite(points))
         assert limits.contains(points), (points, limits.lower, limits.upper)
         max_delta = limits.max_delta(DT) + 1e-9
-        reference = self.previous
+        measured = self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age)
+        reference = None
+        if self.sent is not None:
+            due = int(round((self.now - self.sent_at) / DT)) - 1
+            reference = self.sent[min(max(due, 0), len(self.sent) - 1)]
         if reference is None or self.unheard.any():
-            assert self.measured is not None, 'the first command of a segment needs a measured state'
-            reference = self.measured if reference is None else np.where(self.unheard, self.measured, reference)
+            assert measured is not None, 'the first command of a segment needs a measured state'
+            reference = measured if reference is None else np.where(self.unheard, measured, reference)
+        resumed = not hold and self.sent is not None and self.loop.hold_reason is not None
+        if resumed:
+            # From the point executed where the robot is near it, else from where the robot is,
+            # which must be where the last action found it.
+            near = np.abs(measured - reference) <= limits.max_step
+            stayed = self.commanded_at is not None and np.abs(measured - self.commanded_at) <= limits.max_step + 1e-9
+            assert np.all(near | stayed), ('resumed a robot moved during the hold', measured, reference,
+                                           self.commanded_at)
+            reference = np.where(near, reference, measured)
+            assert np.all(np.abs(points[0] - measured) <= limits.max_step + max_delta), 'a jump from the robot'
+            self.published['resumed'] += 1
         chain = np.vstack([reference, points])
         assert np.all(np.abs(np.diff(chain, axis=0)) <= max_delta), (chain, max_delta)
         if obs_times is not None:
@@ -76,10 +99,13 @@ class Checker:
             assert np.all(due - obs_times <= age_limit + 1e-9), (due, obs_times, age_limit)
             assert np.all(obs_times <= due + 1e-9), ('an observation from the future', due, obs_times)
             assert set(obs_times.tolist()) <= self.delivered
-        self.published['segment start' if self.previous is None or self.unheard.any() else 'continued'] += 1
-        self.published['hold' if obs_times is None else 'action'] += 1
-        self.previous = points[0].copy()
-        self.unheard[:] = False
+        self.published['segment start' if self.sent is None or self.unheard.any() else 'continued'] += 1
+        self.published['hold' if hold else 'action'] += 1
+        self.sent, self.sent_at = points.copy(), self.now
+        if not hold:
+            self.commanded_at = self.loop._inputs.last_positions()
+        if self.allowed:
+            self.unheard[:] = False
 
 
 def scaled_limits(scale: float, step: float) -> MotionLimits:
@@ -98,6 +124,10 @@ operation = st.one_of(
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
     st.tuples(st.just('cycle'), st.tuples(small, st.booleans())),
+    # ... in which the robot measures where it was told to be (it follows), often too.
+    st.tuples(st.just('cycle'), st.tuples(st.none(), st.booleans())),
+    st.tuples(st.just('cycle'), st.tuples(st.none(), st.booleans())),
+    st.tuples(st.just('cycle'), st.tuples(st.none(), st.booleans())),
     st.tuples(st.just('advance'), st.sampled_from([0.0, DT / 2, DT, DT, DT, 3 * DT, 0.3, 2.0, -0.2])),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
@@ -153,6 +183,8 @@ def run_sequence(operations, blend, points, max_action_age):
             loop.tick(now)
         elif kind == 'cycle':
             state, respond = value
+            if state is None:
+                state = [0.0, 0.0, 1.0] if checker.sent is None else checker.sent[0].tolist()
             loop.on_image('front', FRAME, now, now)
             loop.on_joint_state(JOINTS, state, now, now)
             last_good, last_good_time = np.array(state), now
@@ -200,6 +232,7 @@ def run_sequence(operations, blend, points, max_action_age):
             unheard = group[0] if group else None
             loop.set_command_link(subscribers, others, unheard_joints=unheard)
             checker.allowed = subscribers > 0 and others == 0
+            checker.contested = others > 0
             if subscribers == 0:
                 checker.unheard[slice(None) if unheard is None else list(unheard)] = True
         elif kind == 'limits':
@@ -223,6 +256,7 @@ def run_sequence(operations, blend, points, max_action_age):
             break
     assert checker.after_stop <= 1
     COVERAGE.update(checker.published)
+    COVERAGE['refused resumes'] += loop.status(checker.now, 1.0).counters['moved_robot_refusals']
     COVERAGE['sequences'] += 1
     COVERAGE['sequences with actions'] += checker.published['action'] > 0
 
@@ -235,3 +269,4 @@ def test_every_command_is_safe_whatever_happens():
     assert COVERAGE['sequences with actions'] >= 500, COVERAGE
     for kind in ('hold', 'action', 'segment start', 'continued'):
         assert COVERAGE[kind] >= 500, COVERAGE
+    assert COVERAGE['resumed'] >= 100 and COVERAGE['refused resumes'] >= 100, COVERAGE

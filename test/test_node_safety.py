@@ -4,7 +4,7 @@ The installed node over DDS against what a hostile integrator did to it (issue 1
 
 One node process (default.yaml, tiny random model) and a probe robot per module; the tests
 run in file order. Every command the probe records is also checked against the limits and the
-step limit between consecutive commands (``assert_safe``), across resets and faults.
+step limit (``assert_safe``), across resets and faults.
 """
 
 from __future__ import annotations
@@ -38,9 +38,22 @@ class SafetyProbe(RobotProbe):
     offset = np.zeros(len(JOINTS))
     stamp = 'zero'          # zero | now | future | old | epoch
     velocity_only = False
+    wheels = False          # another device's malformed message after each of ours
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.measured_then: list[np.ndarray] = []      # the joint positions when each command arrived
+        super().__init__(*args, **kwargs)
+
+    def measured(self) -> np.ndarray:
+        return np.array([0.1 * i for i in range(len(JOINTS))]) + self.offset
+
+    def _on_command(self, msg) -> None:
+        with self._lock:
+            self.commands.append(msg)
+            self.measured_then.append(self.measured())
 
     def _publish_joints(self) -> None:
-        positions = np.array([0.1 * i for i in range(len(JOINTS))]) + self.offset
+        positions = self.measured()
         msg = JointState(name=JOINTS, position=positions.tolist())
         now = self.node.get_clock().now().nanoseconds * 1e-9
         seconds = {'zero': None, 'now': now, 'future': now + 10.0, 'old': now - 2.0,
@@ -50,6 +63,8 @@ class SafetyProbe(RobotProbe):
         self._joints.publish(msg)
         if self.velocity_only:
             self._joints.publish(JointState(name=JOINTS, velocity=[0.0] * len(JOINTS)))
+        if self.wheels:
+            self._joints.publish(JointState(name=['wheel_left', 'wheel_right'], position=[0.0]))
 
     def positions(self) -> np.ndarray:
         with self._lock:
@@ -57,11 +72,26 @@ class SafetyProbe(RobotProbe):
 
 
 def assert_safe(probe: SafetyProbe, start: int = 0) -> None:
-    """Every command from ``start`` on: inside the limits, within max_step of the one before."""
-    positions = probe.positions()[start:]
-    assert np.all(positions >= LOWER - 1e-9) and np.all(positions <= UPPER + 1e-9)
-    steps = np.abs(np.diff(positions, axis=0))
-    assert np.all(steps <= MAX_STEP + 1e-9), f'largest step {steps.max():.3f}'
+    """
+    Check every command from ``start`` on: inside the limits, and no jump.
+
+    A message's first point is within max_step of a point of the message before (the
+    controllers run through a message, so after a pause it steps from a later point), or,
+    when it resumes after a hold from where the robot is (this probe's robot does not follow
+    its commands), within max_step and a step of the measured state. Points of one message
+    are within max_step of each other.
+    """
+    with probe._lock:
+        messages = [np.array([list(point.positions) for point in c.points]) for c in probe.commands[start:]]
+        measured = probe.measured_then[start:]
+    for points in messages:
+        assert np.all(points >= LOWER - 1e-9) and np.all(points <= UPPER + 1e-9)
+        assert np.all(np.abs(np.diff(points, axis=0)) <= MAX_STEP + 1e-9)
+    for before, points, robot in zip(messages, messages[1:], measured[1:]):
+        from_before = np.abs(before - points[0]).max(axis=1).min()
+        from_robot = np.abs(robot - points[0]).max()
+        assert from_before <= MAX_STEP + 1e-9 or from_robot <= 2 * MAX_STEP + 1e-9, \
+            f'a jump: {from_before:.3f} from the message before, {from_robot:.3f} from the robot'
 
 
 @pytest.fixture(scope='module')
@@ -134,6 +164,22 @@ def test_velocity_only_joint_states_are_ignored_and_counted(system):
         assert probe.state() == 'commanding'
     finally:
         probe.velocity_only = False
+
+
+def test_another_devices_malformed_joint_states_are_ignored(system):
+    """Two names, one position, naming none of our joints: not a fault of our joint states."""
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    rejected = probe.counter('rejected_inputs')
+    probe.wheels = True
+    try:
+        count = probe.command_count()
+        assert wait_until(lambda: probe.command_count() > count + 40, 5.0), probe.state()
+        assert probe.state() == 'commanding'
+        assert probe.counter('rejected_inputs') == rejected
+    finally:
+        probe.wheels = False
+    assert_safe(probe)
 
 
 def test_another_publisher_on_the_command_topic_stops_commands(system):

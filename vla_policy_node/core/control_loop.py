@@ -13,21 +13,34 @@ run and the property tests drive the same code::
 caller of ``sink``. It guarantees, for every published point:
 
 * finite, and inside the *current* position limits;
-* within ``min(max_step, max_velocity / rate)`` of the previously published command. Only the
-  first command of a *segment* steps from the measured joint state instead, which must then be
-  fresh: the first ever, and, for the joints of a command topic that had no subscriber (so
-  nothing sent to them meanwhile was received), the first after it; the joints of the other
-  topics keep stepping from what their controllers last received. A robot measured outside
-  its limits by more than one step cannot be reached by a safe command, so nothing is sent
-  and the loop says so;
+* within ``min(max_step, max_velocity / rate)`` of what the controllers execute *now*: the
+  point of the previously published message due at this time (point i of a message is due
+  (i + 1) periods after it left, so after a stall the controllers have run on through it).
+  Only the first command of a *segment* steps from the measured joint state instead, which
+  must then be fresh: the first ever, and, for the joints of a command topic that had no
+  subscriber (so nothing sent to them meanwhile was received), the first after it; the
+  joints of the other topics keep stepping from what their controllers last received. A
+  robot measured outside its limits by more than one step cannot be reached by a safe
+  command, so nothing is sent and the loop says so;
+* after a hold, never for a robot that was moved meanwhile: commanding resumes only while
+  every joint (but the unheard ones above) is measured within ``max_step`` of the point it
+  executes or of where it was measured when the last action left. Far from both, someone
+  moved it (hand guiding, another node on the topic), and a command stepping from the last
+  one would jump by that distance; one from the measured state, by a sensor glitch's. The
+  loop cannot tell which, so it refuses and says so (ERROR) until the robot is back (a
+  lifecycle node's activation starts from the measured state). A joint far from its point
+  but where the last action found it did not follow (a gripper stopped by what it holds, a
+  controller that was off): it resumes stepping from where it is;
 * computed from observations at most ``max_action_age`` old at the time it is to execute
-  (holds repeat the last command, or the measured state, and compute nothing).
+  (holds repeat the point being executed, or the measured state, and compute nothing).
 
 Episode resets clear the plan and the policy's cache but never the last published command:
 the step limit survives resets. Holds: when commanding stops (bad input, no plan, a policy
-fault, a lost or contested command topic, a stalled clock) one hold is published (the last
-command) and nothing after it until commanding resumes. Limits may change at run time only
-inside the envelope given at start, and not so that the last command falls outside them.
+fault, a lost or contested command topic, a stalled clock) one hold is published and nothing
+after it until commanding resumes. A topic without a subscriber does not stop the hold (the
+controllers that listen get it); a topic with another publisher does (the loop is not alone
+on it). Limits may change at run time only inside the envelope given at start, and not so
+that the last message falls outside them.
 
 Thread safety: every public method takes the loop's lock; the inference thread calls
 ``on_inference_result``; ``sink`` is called with the lock held (publish only, never block).
@@ -54,7 +67,7 @@ FAULT_STALE = 'stale'   # a chunk whose observation was too old when it arrived
 LOOP_FAULTS = FAULTS + (FAULT_STALE,)
 LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clamped_joints',
                  'clamped_lookahead_joints', 'episode_resets', 'rejected_chunks',
-                 'rejected_inputs', 'stale_actions_refused', 'unreachable_commands',
+                 'rejected_inputs', 'stale_actions_refused', 'unreachable_commands', 'moved_robot_refusals',
                  'joint_states_without_positions', 'watchdog_holds')
 LOG_PERIOD_S = 2.0
 
@@ -162,8 +175,11 @@ class ControlLoop:
         self._lock = threading.RLock()
         self._counters = dict.fromkeys(LOOP_COUNTERS, 0)
         self._faults = FaultTally(LOOP_FAULTS, warn_only=(FAULT_STALE,))
-        self._last_published: np.ndarray | None = None
+        self._sent: np.ndarray | None = None         # the last message (T, J); point i due at
+        self._sent_at = 0.0                           # _sent_at + (i + 1) dt on the loop clock
         self._unheard = np.zeros(len(settings.joint_names), dtype=bool)   # re-enter from measured
+        self._contested = False                       # another publisher on a command topic
+        self._commanded_at: np.ndarray | None = None  # measured when the last action left
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
         self._policy_fault: str | None = None
@@ -183,9 +199,9 @@ class ControlLoop:
 
     @property
     def last_published(self) -> np.ndarray | None:
-        """Return the last command that left (J,), or None before the first."""
+        """Return the first point (J,) of the last message that left, or None before the first."""
         with self._lock:
-            return None if self._last_published is None else self._last_published.copy()
+            return None if self._sent is None else self._sent[0].copy()
 
     @property
     def hold_reason(self) -> str | None:
@@ -203,9 +219,10 @@ class ControlLoop:
         if looser is not None:
             return f'limits: {looser}'
         with self._lock:
-            last = self._last_published
-            if last is not None and not settings.limits.contains(last):
-                joints = [self._settings.joint_names[i] for i in settings.limits.outside(last)]
+            sent = self._sent
+            if sent is not None and not settings.limits.contains(sent):
+                outside = sorted({i for point in sent for i in settings.limits.outside(point)})
+                joints = [self._settings.joint_names[i] for i in outside]
                 return (f'limits: the last command lies outside the new limits for {joints}; '
                         'move the robot inside them first')
         return None
@@ -233,6 +250,7 @@ class ControlLoop:
         without a subscriber.
         """
         with self._lock:
+            self._contested = other_publishers > 0
             if other_publishers > 0:
                 self._link_problem = Refusal(
                     f'{other_publishers} other publisher(s) on {topic}: refusing to '
@@ -404,13 +422,17 @@ class ControlLoop:
 
         The only caller of the sink. See the module docstring for what it guarantees.
         """
-        if self._link_problem is not None:
+        if self._link_problem is not None and (plan is not None or self._contested):
             return self._link_problem
         settings = self._settings
         limits = settings.limits
         reference = self._reference(now)
         if reference is None:
             return Refusal('no fresh joint position to start from')
+        if plan is not None and self._hold_reason is not None:
+            reference = self._resume_from(now, reference)
+            if isinstance(reference, Refusal):
+                return reference
         if plan is None:
             targets, obs_times = reference[None, :], None
         else:
@@ -429,25 +451,52 @@ class ControlLoop:
             return Refusal(f'joints {joints} are measured outside their limits by more than one '
                            'step: nothing can be commanded until they are back inside', ERROR)
         self._sink(safe, obs_times)
-        self._last_published = safe[0].copy()
-        self._unheard[:] = False
+        self._sent, self._sent_at = safe.copy(), now
+        if self._link_problem is None:           # every topic has a subscriber: all was received
+            self._unheard[:] = False
         if plan is None:
             self._counters['holds_published'] += 1
         else:
+            self._commanded_at = self._inputs.last_positions()
             self._counters['commands_published'] += 1
             self._counters['clamped_joints'] += int(clamped[0])
             self._counters['clamped_lookahead_joints'] += int(clamped[1:].sum())
         return None
 
     def _reference(self, now: float) -> np.ndarray | None:
-        """Return what the next command steps from (J,): the last one sent, measured where unheard."""
-        last = self._last_published
-        if last is not None and not self._unheard.any():
-            return last
+        """Return what the next command steps from (J,): the point executed now, measured where unheard."""
+        if self._sent is None:
+            return self._inputs.fresh_positions(now, self._settings.max_observation_age)
+        due = int(round((now - self._sent_at) / self._settings.dt)) - 1
+        executing = self._sent[min(max(due, 0), len(self._sent) - 1)]
+        if not self._unheard.any():
+            return executing
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
-        if measured is None or last is None:
-            return measured
-        return np.where(self._unheard, measured, last)
+        return None if measured is None else np.where(self._unheard, measured, executing)
+
+    def _resume_from(self, now: float, reference: np.ndarray) -> np.ndarray | Refusal:
+        """
+        Return what the first command after a hold steps from (J,), or why there is none.
+
+        Each joint measured within ``max_step`` of its reference keeps it; one that stayed
+        where it was when the last action left (it did not follow) steps from where it is;
+        one far from both was moved, and nothing is commanded.
+        """
+        measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
+        if measured is None:
+            return Refusal('no fresh joint position to resume from')
+        max_step = self._settings.limits.max_step
+        off = np.abs(measured - reference) > max_step
+        last = self._commanded_at
+        moved = off if last is None else off & (np.abs(measured - last) > max_step)
+        away = np.flatnonzero(moved)
+        if away.size == 0:
+            return np.where(off, measured, reference)
+        self._counters['moved_robot_refusals'] += 1
+        far = ', '.join(f'{self._settings.joint_names[i]} {measured[i] - reference[i]:+.3f}' for i in away[:8])
+        return Refusal(f'joints moved during the hold, now farther than max_step = {max_step:g} from their last '
+                       f'command ({far}): someone moved the robot; not resuming until it is back '
+                       '(lifecycle node: deactivate and activate to start from where it is)', ERROR)
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
         """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""
@@ -539,7 +588,7 @@ class ControlLoop:
             settings = self._settings
             inputs = self._inputs.health(now, settings.max_observation_age)
             faults = self._faults.report(now, report_period)
-            counters = {**self._counters, **{
+            counters = {**self._counters, **self._inputs.counters, **{
                 f'policy_{kind}': count for kind, count in self._faults.totals.items()}, **{
                 ('scheduler_resets' if key == 'resets' else key): value
                 for key, value in self._scheduler.stats.items()}}
