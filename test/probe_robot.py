@@ -92,10 +92,11 @@ class ProbeRobot:
         with self._lock:
             return sum(1 for arrived, _ in self.commands if arrived > since)
 
-    def instruct(self, text: str, latched: bool = False, timeout: float = 10.0) -> None:
-        """Send a task once a node subscribes (volatile: like ``ros2 topic pub``)."""
+    def instruct(self, text: str, latched: bool = False, timeout: float = 10.0,
+                 wait_for_subscriber: bool = True) -> None:
+        """Send a task once a node subscribes (volatile: like ``ros2 topic pub``), or at once."""
         publisher = self._latched if latched else self._volatile
-        assert wait_until(lambda: publisher.get_subscription_count() > 0, timeout), \
+        assert not wait_for_subscriber or wait_until(lambda: publisher.get_subscription_count() > 0, timeout), \
             'nobody subscribes to the instruction'
         publisher.publish(String(data=text))
 
@@ -125,6 +126,13 @@ class ProbeRobot:
         request = ChangeState.Request()
         request.transition.label = name
         return self._call(self._change, request, timeout).success
+
+    def start_transition(self, name: str) -> Any:
+        """Ask for a transition without waiting for it; returns the call's future."""
+        request = ChangeState.Request()
+        request.transition.label = name
+        assert self._change.wait_for_service(timeout_sec=30.0), f'{self._change.srv_name} not available'
+        return self._change.call_async(request)
 
     def lifecycle_state(self, timeout: float = 30.0) -> str:
         """Return the lifecycle node's current state label."""

@@ -132,7 +132,8 @@ class InferenceWorker:
         """
         Ask the thread to finish and wait at most ``timeout`` s; True if it has finished.
 
-        A step already running cannot be interrupted; it finishes on its own.
+        A step already running cannot be interrupted; it finishes on its own, and the thread
+        then lets go of the policy, so a worker outliving its step holds no model.
         """
         with self._condition:
             self._stopping = True
@@ -147,6 +148,7 @@ class InferenceWorker:
                 self._condition.wait_for(
                     lambda: self._stopping or self._reset_pending or self._job is not None)
                 if self._stopping:
+                    self._policy = None
                     return
                 reset, self._reset_pending = self._reset_pending, False
                 job, self._job = self._job, None

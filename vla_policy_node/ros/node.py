@@ -138,6 +138,10 @@ class PolicyWiring:
     the policy and its inference thread, :meth:`_wire` the loop and every ROS entity.
     """
 
+    # Latched publishers (a late node still gets the task) and volatile ones (ros2 topic pub,
+    # rqt, rosbridge): a latched message reaches both subscriptions, the same text twice.
+    INSTRUCTION_PROFILES = (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS)
+
     def _declare(self, node_options: dict[str, Any]) -> None:
         self._loop: ControlLoop | None = None           # None until wired (lifecycle: configured)
         self._worker: InferenceWorker | None = None
@@ -206,9 +210,7 @@ class PolicyWiring:
                 lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
         self._joint_states = PolledSubscription(
             self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
-        # Latched publishers (a late node still gets the task) and volatile ones (ros2 topic pub,
-        # rqt, rosbridge): a latched message reaches both subscriptions, the same text twice.
-        for qos in (INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS):
+        for qos in self.INSTRUCTION_PROFILES:
             self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos)
 
     def _now(self) -> float:
@@ -416,6 +418,10 @@ def _ros_arguments(node_options: dict[str, Any]) -> list[str]:
     return arguments + list(node_options.get('cli_args') or [])
 
 
+class StopRequested(BaseException):
+    """SIGINT/SIGTERM while the node is still being built: nothing was commanded, so nothing to hold."""
+
+
 def main(args: list[str] | None = None, node_class: type = VlaPolicyNode) -> int:
     """
     Run the node until SIGINT/SIGTERM; exit 0 after a hold, 1 on a configuration error.
@@ -424,18 +430,38 @@ def main(args: list[str] | None = None, node_class: type = VlaPolicyNode) -> int
     either way the node then holds and exits 1 rather than stay up without a control loop.
 
     rclpy's own signal handling would shut the context down before the hold could be sent,
-    so the node installs its own handlers and shuts down in order itself.
+    so the node installs its own handlers and shuts down in order itself. While the node is
+    still being built (loading and warming up a model can take minutes) a signal ends the
+    build at once: it derives from BaseException, so no ``except Exception`` on the way keeps it.
+    Further signals are ignored: Python's finalisation would restore their default action
+    (death by the signal) for a second Ctrl-C while the process exits.
     """
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    building = threading.Event()
+    building.set()
+    signals = (signal.SIGINT, signal.SIGTERM)
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        for signum in signals:
+            signal.signal(signum, signal.SIG_IGN)
+        if building.is_set():
+            raise StopRequested
+
+    for signum in signals:
+        signal.signal(signum, on_signal)
     try:
         node = node_class()
+        building.clear()
     except (ParameterError, PolicyLoadError) as error:
         rclpy.logging.get_logger(NODE_NAME).fatal(f'cannot start: {error}')
         rclpy.try_shutdown()
         return 1
+    except StopRequested:
+        rclpy.logging.get_logger(NODE_NAME).info('stopped before the node was ready: nothing was commanded')
+        rclpy.try_shutdown()
+        return 0
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
@@ -446,11 +472,16 @@ def main(args: list[str] | None = None, node_class: type = VlaPolicyNode) -> int
     finished = node.stop()
     executor.shutdown(timeout_sec=1.0)
     spinner.join(1.0)
-    node.destroy_node()
-    rclpy.try_shutdown()
+    if spinner.is_alive():
+        # A callback still runs (a lifecycle transition loading a model): the node and the
+        # context stay as they are under it, the process ends below.
+        finished = False
+    else:
+        node.destroy_node()
+        rclpy.try_shutdown()
     if not finished:
-        # A policy step still inside torch would abort the interpreter's finalisation;
-        # everything that matters (the hold, the shutdown of rclpy) is done.
+        # A thread still inside torch would abort the interpreter's finalisation; everything
+        # that matters (the hold, or nothing commanded at all) is done.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
