@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The on-disk cache of compiled programs: reused on a second start, bad entries rebuilt, no temp files."""
 
+import ast
 import json
 import os
 import re
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 from vla_policy_node.core.compiled import aot_compile
-from vla_policy_node.core.program_cache import default_cache_dir, MANIFEST, ProgramCache
+from vla_policy_node.core.program_cache import default_cache_dir, MANIFEST, NOT_TRACED, ProgramCache, source_digest
 from vla_policy_node.models import build_tiny_policy
 
 CPU = torch.device("cpu")
@@ -333,3 +335,57 @@ def test_compiler_settings_in_the_environment_are_part_of_the_key(monkeypatch):
     assert compiler_settings() != plain
     assert compiler_settings()["env"]["TORCHINDUCTOR_CPP_SIMDLEN"] == "256"
     assert "TORCHINDUCTOR_CACHE_DIR" not in compiler_settings()["env"]
+
+
+def _core_imports(core: Path) -> dict[str, set[str]]:
+    """Each core module (``families/pi0.py``) and the core modules it imports by name."""
+    files = {str(p.relative_to(core)) for p in core.rglob('*.py')}
+    graph = {}
+    for name in files:
+        package = Path(name).parent
+        found = set()
+        for node in ast.walk(ast.parse((core / name).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package
+                    for _ in range(node.level - 1):
+                        base = base.parent
+                else:
+                    if not (node.module or '').startswith('vla_policy_node.core'):
+                        continue
+                    base = Path('.')
+                module = (node.module or '').removeprefix('vla_policy_node.core').strip('.')
+                stem = base.joinpath(*module.split('.')) if module else base
+                found |= {str(stem.joinpath(a.name)) + '.py' for a in node.names} | {str(stem) + '.py'}
+        graph[name] = found & files
+    return graph
+
+
+def test_the_modules_left_out_of_the_source_digest_are_not_imported_by_traced_code():
+    """A change to the control loop keeps compiled programs; one to anything they are traced from does not."""
+    core = Path(source_digest.__code__.co_filename).parent
+    graph = _core_imports(core)
+    traced = {'compiled.py', 'runtime.py', *(name for name in graph if name.startswith('families/'))}
+    stack = list(traced)
+    while stack:
+        for dep in graph[stack.pop()]:
+            if dep not in traced:
+                traced.add(dep)
+                stack.append(dep)
+    assert {'blocks.py', 'attention.py', 'flow.py', 'prefix_cache.py'} <= traced, 'the import walk found nothing'
+    assert NOT_TRACED <= set(graph), 'a module left out of the digest no longer exists'
+    assert not NOT_TRACED & traced, f'traced code imports {sorted(NOT_TRACED & traced)}: put them back in the digest'
+
+
+def test_the_source_digest_changes_with_traced_code_only(tmp_path):
+    core = Path(source_digest.__code__.co_filename).parent
+    copy = tmp_path / 'core'
+    shutil.copytree(core, copy, ignore=shutil.ignore_patterns('__pycache__'))
+    before = source_digest(copy)
+    assert source_digest(core) == before
+    with open(copy / 'control_loop.py', 'a') as f:
+        f.write('\n# a change to the control loop\n')
+    assert source_digest(copy) == before
+    with open(copy / 'blocks.py', 'a') as f:
+        f.write('\n# a change to a traced module\n')
+    assert source_digest(copy) != before
