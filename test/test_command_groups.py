@@ -43,6 +43,14 @@ def test_groups_map_their_joints_onto_the_policy_vector():
     assert gripper.interface == 'forward_command'
 
 
+def test_the_loop_knows_which_joints_get_only_the_first_point_of_a_trajectory():
+    from vla_policy_node.ros.node import loop_settings
+    loop = loop_settings(settings_from_values({**VALUES, **GROUPS}))
+    assert loop.plan_points == 0 and loop.first_point_joints == (5,)
+    single = loop_settings(settings_from_values({**VALUES, **GROUPS, 'trajectory_points': 1}))
+    assert single.first_point_joints == ()
+
+
 @pytest.mark.parametrize('change, message', [
     ({'commands.gripper.joints': ['gripper', 'wrist_roll']},
      "joint 'wrist_roll' is in command groups 'arm' and 'gripper'; a joint belongs to one controller"),

@@ -396,8 +396,7 @@ def test_a_gripper_stopped_by_what_it_holds_resumes_after_a_hold():
     for _ in range(4):
         rig.step([0.2, 0.2, 0.5], chunk=ramp(0.2, 0.0))
     assert rig.state() == 'commanding'
-    first = rig.commands()[sent]
-    assert 0.4 - 1e-12 <= first[2] < 0.5, 'it steps from where it is, towards closed'
+    assert np.all(np.abs(rig.commands()[sent:, 2]) <= 1e-12), 'still told to close: it keeps its grip'
 
 
 def test_after_a_stall_the_next_command_steps_from_the_point_the_controllers_reached():
@@ -423,3 +422,63 @@ def test_a_topic_without_subscriber_does_not_stop_the_hold_of_the_others():
     points, times = rig.sent[-1]
     assert times is None and len(points) == 1, 'one hold point: the arm stops instead of running on'
     assert 'nobody subscribes to /gripper' in rig.state()
+
+
+def test_a_final_hold_after_the_robot_was_moved_is_not_sent():
+    """Deactivating (or Ctrl-C) after a 'moved' refusal must not command the old point back."""
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    hold_on_a_policy_fault(rig, [0.1, 0.1, 0.0])
+    sent = len(rig.sent)
+    for _ in range(3):
+        rig.step([1.0, 1.0, 0.0], chunk=ramp(0.1, 0.0))
+    assert 'someone moved the robot' in rig.state()
+    assert rig.loop.stop(rig.now) is False
+    assert len(rig.sent) == sent, 'the hold would pull the arm 0.9 back'
+    assert rig.loop.status(rig.now, 1.0).counters['moved_robot_refusals'] == 1, 'counted once per refusal'
+
+
+def test_a_gripper_that_stops_short_on_its_way_resumes_with_its_grip():
+    rig = Rig()
+    for k in range(16):                       # told to close at full rate, closing slower
+        rig.step([0.0, 0.0, 1.0 - 0.03 * k], chunk=ramp(0.0, 0.0))
+    assert abs(rig.commands()[-1][2]) <= 1e-12
+    hold_on_a_policy_fault(rig, [0.0, 0.0, 0.5])
+    sent = len(rig.sent)
+    for _ in range(4):                        # stopped by the object at 0.35
+        rig.step([0.0, 0.0, 0.35], chunk=ramp(0.0, 0.0))
+    assert rig.state() == 'commanding'
+    reference = rig.sent[sent - 1][0][0]
+    assert np.all(np.abs(rig.commands()[sent] - reference) <= 0.1 + 1e-12)
+
+
+def test_joints_of_a_forward_command_controller_step_from_the_only_point_it_got():
+    rig = Rig(plan_points=0, first_point_joints=(2,))
+    chunk = np.column_stack([0.1 * np.arange(1, 5)] * 3)
+    rig.step([0.0, 0.0, 0.0], chunk=chunk)
+    rig.step([0.0, 0.0, 0.0])
+    gripper_setpoint = rig.sent[-1][0][0][2]
+    rig.now += 3 * DT                         # a stall: the arm's trajectory ran on, the gripper did not
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    assert abs(rig.sent[-1][0][0][2] - gripper_setpoint) <= 0.1 + 1e-12
+
+
+def test_after_a_stall_the_actions_whose_time_passed_are_not_run_again():
+    rig = Rig(plan_points=0)
+    rig.loop.reset_episode('start')
+    chunk = np.column_stack([0.05 * np.arange(1, 5)] * 3)
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    rig.inference.deliver(chunk, None, rig.now + 0.001)
+    rig.now += DT
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    first = rig.sent[-1][0][:, 0]
+    rig.now += 3 * DT                         # two ticks did not happen
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    after = rig.sent[-1][0][:, 0]
+    assert after[0] >= first[min(2, len(first) - 1)] - 1e-12, (first, after)
+    assert rig.loop.status(rig.now, 1.0).counters['actions_overdue'] >= 2

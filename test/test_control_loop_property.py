@@ -10,9 +10,9 @@ stalled clock and a stop, every command that leaves the loop is:
 * within ``min(max_step, max_velocity * dt)`` of the point of the previous message the
   controllers execute at that time; the first command of a segment (start, or after the
   command topic had no subscriber) within that of the measured joint state instead;
-* after a hold, sent only if each joint is measured within ``max_step`` of that point (and
-  then steps from it) or of where the last action found it (then from where it is): never
-  for a robot moved during the hold, and never more than ``max_step`` and a step from it;
+* after a hold (and a final hold while holding), sent only if each joint is measured within
+  ``max_step`` of its way from where the last action found it to that point: never for a
+  robot moved during the hold;
 * never computed from an observation older than ``max_action_age`` at the time it executes,
   and only from observation times of chunks that were really delivered;
 * absent while another publisher is on the command topic; only holds while nobody
@@ -80,17 +80,17 @@ class Checker:
         if reference is None or self.unheard.any():
             assert measured is not None, 'the first command of a segment needs a measured state'
             reference = measured if reference is None else np.where(self.unheard, measured, reference)
-        resumed = not hold and self.sent is not None and self.loop.hold_reason is not None
-        if resumed:
-            # From the point executed where the robot is near it, else from where the robot is,
-            # which must be where the last action found it.
-            near = np.abs(measured - reference) <= limits.max_step
-            stayed = self.commanded_at is not None and np.abs(measured - self.commanded_at) <= limits.max_step + 1e-9
-            assert np.all(near | stayed), ('resumed a robot moved during the hold', measured, reference,
-                                           self.commanded_at)
-            reference = np.where(near, reference, measured)
-            assert np.all(np.abs(points[0] - measured) <= limits.max_step + max_delta), 'a jump from the robot'
-            self.published['resumed'] += 1
+        if self.sent is not None and self.loop.hold_reason is not None:
+            # After a hold (or a final hold while holding): only for a robot on its way from where
+            # the last action found it to the point it executes, so never a jump for one moved.
+            start = reference if self.commanded_at is None else self.commanded_at
+            slack = limits.max_step + 1e-9
+            low, high = np.minimum(start, reference) - slack, np.maximum(start, reference) + slack
+            on_way = (measured >= low) & (measured <= high)
+            assert np.all(on_way | self.unheard), ('sent to a robot moved during the hold', measured, reference, start)
+            away = np.abs(points[0] - measured) - np.abs(reference - start)
+            assert np.all(away <= limits.max_step + max_delta), 'further from the robot than its way and a step'
+            self.published['resumed' if not hold else 'final hold while holding'] += 1
         chain = np.vstack([reference, points])
         assert np.all(np.abs(np.diff(chain, axis=0)) <= max_delta), (chain, max_delta)
         if obs_times is not None:

@@ -130,7 +130,7 @@ class ChunkScheduler:
         self._stats = dict.fromkeys(
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
-                "requests_cancelled", "actions_executed", "actions_skipped",
+                "requests_cancelled", "actions_executed", "actions_skipped", "actions_overdue",
                 "waiting_ticks", "starved_ticks", "resets", "plans_dropped",
             ),
             0,
@@ -295,6 +295,12 @@ class ChunkScheduler:
         self._step += 1
         self._stats["actions_executed"] += 1
         return plan
+
+    def skip_overdue(self, steps: int) -> None:
+        """Drop the next ``steps`` planned actions unexecuted: their time passed (a stalled tick)."""
+        if steps > 0:
+            self._step += steps
+            self._stats["actions_overdue"] += steps
 
     def next_action(self, now: float) -> np.ndarray | None:
         """Return the action (A,) for this tick, or None when starved (see ``take``)."""

@@ -15,22 +15,24 @@ caller of ``sink``. It guarantees, for every published point:
 * finite, and inside the *current* position limits;
 * within ``min(max_step, max_velocity / rate)`` of what the controllers execute *now*: the
   point of the previously published message due at this time (point i of a message is due
-  (i + 1) periods after it left, so after a stall the controllers have run on through it).
+  (i + 1) periods after it left, so after a stall the controllers have run on through it;
+  a controller that takes only the first point holds it). After a stall the plan's actions
+  whose time has passed are skipped, so the robot does not run back over them.
   Only the first command of a *segment* steps from the measured joint state instead, which
   must then be fresh: the first ever, and, for the joints of a command topic that had no
   subscriber (so nothing sent to them meanwhile was received), the first after it; the
   joints of the other topics keep stepping from what their controllers last received. A
   robot measured outside its limits by more than one step cannot be reached by a safe
   command, so nothing is sent and the loop says so;
-* after a hold, never for a robot that was moved meanwhile: commanding resumes only while
-  every joint (but the unheard ones above) is measured within ``max_step`` of the point it
-  executes or of where it was measured when the last action left. Far from both, someone
-  moved it (hand guiding, another node on the topic), and a command stepping from the last
-  one would jump by that distance; one from the measured state, by a sensor glitch's. The
-  loop cannot tell which, so it refuses and says so (ERROR) until the robot is back (a
-  lifecycle node's activation starts from the measured state). A joint far from its point
-  but where the last action found it did not follow (a gripper stopped by what it holds, a
-  controller that was off): it resumes stepping from where it is;
+* after a hold (and for a last hold sent while holding), never for a robot moved meanwhile:
+  every joint (but the unheard ones above) must be measured within ``max_step`` of the
+  stretch from where it was when the last action left to the point it executes. On it, the
+  joint is there, on its way, or stopped short (a gripper closed on what it holds), and the
+  next command steps from its point, where the hold already told it to go. Off it, someone
+  moved it (hand guiding, another node on the topic): a command stepping from the last one
+  would jump by that distance, one from the measured state by a sensor glitch's. The loop
+  cannot tell which, so it sends nothing and says so (ERROR) until the robot is back (a
+  lifecycle node's activation starts from the measured state);
 * computed from observations at most ``max_action_age`` old at the time it is to execute
   (holds repeat the point being executed, or the measured state, and compute nothing).
 
@@ -104,8 +106,10 @@ class LoopSettings:
     max_action_age: seconds an action's observation may be old when it executes; 0 derives
     it as ``max_observation_age + horizon / control_rate_hz`` (fresh when the chunk starts,
     then executed for one horizon). plan_points: points per command (this tick's first; 0:
-    every planned action, 1: this tick only). The watchdog holds after ``max_observation_age``
-    of wall-clock time without a tick (a stopped /clock under sim time).
+    every planned action, 1: this tick only); first_point_joints: the joints whose controller
+    takes only the first (a forward command controller beside a trajectory controller). The
+    watchdog holds after ``max_observation_age`` of wall-clock time without a tick (a stopped
+    /clock under sim time).
     """
 
     joint_names: tuple[str, ...]
@@ -117,6 +121,7 @@ class LoopSettings:
     use_header_stamps: bool = True
     reset_on_instruction_change: bool = True
     plan_points: int = 0
+    first_point_joints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.limits.num_joints != len(self.joint_names):
@@ -130,6 +135,8 @@ class LoopSettings:
             raise ValueError(f'max_action_age must be finite and >= 0, got {self.max_action_age}')
         if self.plan_points < 0:
             raise ValueError(f'plan_points must be >= 0, got {self.plan_points}')
+        if any(not 0 <= i < len(self.joint_names) for i in self.first_point_joints):
+            raise ValueError(f'first_point_joints {self.first_point_joints} must index joint_names')
 
     @property
     def dt(self) -> float:
@@ -180,6 +187,7 @@ class ControlLoop:
         self._unheard = np.zeros(len(settings.joint_names), dtype=bool)   # re-enter from measured
         self._contested = False                       # another publisher on a command topic
         self._commanded_at: np.ndarray | None = None  # measured when the last action left
+        self._moved_counted = False                   # this refusal counted in moved_robot_refusals
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
         self._policy_fault: str | None = None
@@ -338,6 +346,10 @@ class ControlLoop:
                 return
             # Execute this tick's step first: a request made now is for the next step, so the
             # delay compensation counts exactly the steps executed while the chunk is computed.
+            # After a stall the controllers ran on through the last message: the plan's actions
+            # of the ticks that did not happen are due no more.
+            if self._hold_reason is None and self._sent is not None:
+                self._scheduler.skip_overdue(int(round((now - self._sent_at) / self._settings.dt)) - 1)
             plan = self._scheduler.take(now, self._settings.plan_points)
             if plan is None:
                 self._hold(now, Refusal(self._policy_fault or 'waiting for actions from the policy'))
@@ -429,10 +441,10 @@ class ControlLoop:
         reference = self._reference(now)
         if reference is None:
             return Refusal('no fresh joint position to start from')
-        if plan is not None and self._hold_reason is not None:
-            reference = self._resume_from(now, reference)
-            if isinstance(reference, Refusal):
-                return reference
+        if self._hold_reason is not None and self._sent is not None:   # after a hold, a final one too
+            moved = self._moved_during_hold(now, reference)
+            if moved is not None:
+                return moved
         if plan is None:
             targets, obs_times = reference[None, :], None
         else:
@@ -467,35 +479,44 @@ class ControlLoop:
         """Return what the next command steps from (J,): the point executed now, measured where unheard."""
         if self._sent is None:
             return self._inputs.fresh_positions(now, self._settings.max_observation_age)
-        due = int(round((now - self._sent_at) / self._settings.dt)) - 1
-        executing = self._sent[min(max(due, 0), len(self._sent) - 1)]
+        executing = self._sent[self._periods_since_sent(now)].copy()
+        first_only = list(self._settings.first_point_joints)
+        executing[first_only] = self._sent[0, first_only]
         if not self._unheard.any():
             return executing
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
         return None if measured is None else np.where(self._unheard, measured, executing)
 
-    def _resume_from(self, now: float, reference: np.ndarray) -> np.ndarray | Refusal:
-        """
-        Return what the first command after a hold steps from (J,), or why there is none.
+    def _periods_since_sent(self, now: float) -> int:
+        """Return the index of the point of the last message due now (point i at (i + 1) periods)."""
+        due = int(round((now - self._sent_at) / self._settings.dt)) - 1
+        return min(max(due, 0), len(self._sent) - 1)
 
-        Each joint measured within ``max_step`` of its reference keeps it; one that stayed
-        where it was when the last action left (it did not follow) steps from where it is;
-        one far from both was moved, and nothing is commanded.
+    def _moved_during_hold(self, now: float, reference: np.ndarray) -> Refusal | None:
+        """
+        Refuse to send after a hold while a joint is off the way it was going, or None.
+
+        Each joint must be measured within ``max_step`` of the stretch from where it was
+        when the last action left to the point it executes: on it, it is there, on its way,
+        or stopped short (a gripper closing on an object), and stepping from its point moves
+        it no further than the hold already told it to go. Off it, someone moved it.
         """
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
         if measured is None:
             return Refusal('no fresh joint position to resume from')
         max_step = self._settings.limits.max_step
-        off = np.abs(measured - reference) > max_step
-        last = self._commanded_at
-        moved = off if last is None else off & (np.abs(measured - last) > max_step)
-        away = np.flatnonzero(moved)
+        start = reference if self._commanded_at is None else self._commanded_at
+        low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
+        away = np.flatnonzero((measured < low) | (measured > high))
         if away.size == 0:
-            return np.where(off, measured, reference)
-        self._counters['moved_robot_refusals'] += 1
+            self._moved_counted = False
+            return None
+        if not self._moved_counted:
+            self._moved_counted = True
+            self._counters['moved_robot_refusals'] += 1
         far = ', '.join(f'{self._settings.joint_names[i]} {measured[i] - reference[i]:+.3f}' for i in away[:8])
-        return Refusal(f'joints moved during the hold, now farther than max_step = {max_step:g} from their last '
-                       f'command ({far}): someone moved the robot; not resuming until it is back '
+        return Refusal(f'joints moved during the hold, more than max_step = {max_step:g} off the way to their '
+                       f'last command ({far} from it): someone moved the robot; not resuming until it is back '
                        '(lifecycle node: deactivate and activate to start from where it is)', ERROR)
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:

@@ -79,12 +79,15 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
     """Map the node's parameters to what the control loop obeys."""
     trajectory = any(group.interface == 'joint_trajectory' for group in settings.command_groups)
     points = settings.trajectory_points if trajectory else 1
+    first_point = tuple(sorted(i for group in settings.command_groups if group.interface != 'joint_trajectory'
+                               for i in group.indices))
     return LoopSettings(
         joint_names=settings.joint_names, camera_names=settings.camera_names,
         control_rate_hz=settings.control_rate_hz, limits=settings.limits,
         max_observation_age=settings.max_observation_age,
         max_action_age=settings.max_action_age, use_header_stamps=settings.use_header_stamps,
-        reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points)
+        reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points,
+        first_point_joints=first_point if points != 1 else ())
 
 
 def ages_loosened(settings: NodeSettings, start_observation_age: float, start_action_age: float) -> str | None:
