@@ -380,6 +380,33 @@ def test_stop_during_a_transition_does_not_report_finished(monkeypatch):
         _close(context, node)
 
 
+def test_a_transition_that_starts_while_stop_runs_waits_for_it():
+    """A lifecycle manager shutting the node down on the same Ctrl-C must not free what stop() is using."""
+    import threading
+
+    context, node = _lifecycle_node()
+    try:
+        assert node.on_configure(None).name == 'SUCCESS' and node.on_activate(None).name == 'SUCCESS'
+        loop_stop, order = node._loop.stop, []
+
+        def slow_stop(now):
+            order.append('stop begins')
+            time.sleep(0.5)                     # the hold, waited for until acknowledged
+            order.append('stop ends')
+            return loop_stop(now)
+        node._loop.stop = slow_stop
+        stopper = threading.Thread(target=lambda: order.append(('stopped', node.stop())))
+        stopper.start()
+        while not order:
+            time.sleep(0.01)
+        node.on_shutdown(None)
+        order.append('shutdown ran')
+        stopper.join(5.0)
+        assert order == ['stop begins', 'stop ends', ('stopped', True), 'shutdown ran'], order
+    finally:
+        _close(context, node)
+
+
 def test_cleanup_frees_the_policy_without_a_garbage_collection(monkeypatch):
     """No reference cycle keeps the model: it is gone when cleanup returns, with the collector off."""
     from vla_policy_node.ros import lifecycle_node

@@ -13,6 +13,7 @@ scripted slow policy (scripted_policy_node.py).
 
 from __future__ import annotations
 
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -249,6 +250,16 @@ def test_signal_during_the_first_inference_holds_and_exits_zero(signum):
             node.wait(5.0)
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """Tell whether process ``pid`` has a handler for SIGTERM (``SigCgt`` in /proc/PID/status)."""
+    try:
+        status = Path(f'/proc/{pid}/status').read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith('SigCgt:')), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
 def test_signal_while_still_importing_exits_zero(signum):
     """A signal in the first second (rclpy and torch still importing) ends the process cleanly."""
@@ -256,7 +267,10 @@ def test_signal_while_still_importing_exits_zero(signum):
                             env=ros_env(next_domain_id()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        time.sleep(0.3)
+        # Once the entry point has installed its handlers (the kernel lists SIGTERM as caught):
+        # before that the interpreter is still starting (the ROS wheels re-exec it once), and a
+        # signal there is the default action's, not the node's. The heavy imports come after.
+        assert wait_until(lambda: _catches_sigterm(node.pid), 30.0), 'the entry point never installed its handlers'
         node.send_signal(signum)
         output, _ = node.communicate(timeout=10.0)
         assert node.returncode == 0, output

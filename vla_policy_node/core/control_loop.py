@@ -347,9 +347,11 @@ class ControlLoop:
             # Execute this tick's step first: a request made now is for the next step, so the
             # delay compensation counts exactly the steps executed while the chunk is computed.
             # After a stall the controllers ran on through the last message: the plan's actions
-            # of the ticks that did not happen are due no more.
+            # of the ticks that did not happen (whole periods only: a late tick is followed by an
+            # early one) and that the message covered are due no more.
             if self._hold_reason is None and self._sent is not None:
-                self._scheduler.skip_overdue(int(round((now - self._sent_at) / self._settings.dt)) - 1)
+                missed = int(math.floor((now - self._sent_at) / self._settings.dt + 1e-6)) - 1
+                self._scheduler.skip_overdue(min(missed, len(self._sent) - 1))
             plan = self._scheduler.take(now, self._settings.plan_points)
             if plan is None:
                 self._hold(now, Refusal(self._policy_fault or 'waiting for actions from the policy'))

@@ -1,12 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Console entry point of the node: signal handling in place before the heavy imports."""
 
+import os
 import signal
+import sys
 
 
 def _exit_before_start(signum: int, frame: object) -> None:
-    # Nothing has been commanded before the node exists, so there is nothing to hold.
-    raise SystemExit(0)
+    # Nothing has been commanded before the node exists, so there is nothing to hold. Exit at
+    # once rather than raise: an exception raised inside an import running C code (numpy's
+    # PyCapsule_Import of datetime) came out as an ImportError with a traceback and status 1.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> int:

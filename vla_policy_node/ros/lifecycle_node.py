@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import functools
 import gc
+import threading
 from typing import Any
 
 from rclpy.lifecycle import LifecycleState, Node as LifecycleNode, TransitionCallbackReturn
@@ -59,14 +60,21 @@ def _release_memory() -> None:
 
 
 def _transition(callback: Callable[[Any, LifecycleState], TransitionCallbackReturn]) -> Callable:
-    """Mark the node as in a transition while ``callback`` runs, for ``stop`` on another thread."""
+    """
+    Run ``callback`` holding the transition lock, named, for ``stop`` on another thread.
+
+    ``stop`` takes the same lock without waiting: a transition that starts while it runs (a
+    lifecycle manager shutting the node down on the same Ctrl-C) waits for it, rather than
+    free what it is using.
+    """
     @functools.wraps(callback)
     def run(self: VlaPolicyLifecycleNode, state: LifecycleState) -> TransitionCallbackReturn:
-        self._transition_name = callback.__name__[len('on_'):]
-        try:
-            return callback(self, state)
-        finally:
-            self._transition_name = None
+        with self._transition_lock:
+            self._transition_name = callback.__name__[len('on_'):]
+            try:
+                return callback(self, state)
+            finally:
+                self._transition_name = None
     return run
 
 
@@ -80,6 +88,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         self._declare(node_options)
         self._active = False
         self._inference_started = False     # configure has started the inference thread
+        self._transition_lock = threading.Lock()
         self._transition_name: str | None = None
         self._instruction_sub = None
         self._orphan = None     # the inference of a freed policy, its step still running
@@ -282,19 +291,23 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         A transition still running (configure loading a model) or a step cleanup left running
         cannot be interrupted: not finished, so ``main`` ends the process without waiting for it.
         """
-        if self._transition_name is not None:
-            self.get_logger().info(f'stopped during {self._transition_name}: not waiting for it to end')
+        if not self._transition_lock.acquire(blocking=False):
+            self.get_logger().info(f'stopped during {self._transition_name or "a transition"}: '
+                                   'not waiting for it to end')
             return False
-        finished = True
-        if self._active:
-            self._active = False
-            finished = super().stop()
-        elif self._worker is not None:
-            finished = self._worker.stop(timeout=WORKER_STOP_S)
-        if not self._orphan_ended(WORKER_STOP_S):
-            self.get_logger().info('stopped: a step of the freed policy still runs, not waiting for it to end')
-            return False
-        return finished
+        try:
+            finished = True
+            if self._active:
+                self._active = False
+                finished = super().stop()
+            elif self._worker is not None:
+                finished = self._worker.stop(timeout=WORKER_STOP_S)
+            if not self._orphan_ended(WORKER_STOP_S):
+                self.get_logger().info('stopped: a step of the freed policy still runs, not waiting for it to end')
+                return False
+            return finished
+        finally:
+            self._transition_lock.release()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -289,6 +289,10 @@ class PolicyWiring:
         self._loop.tick(self._now())
 
     def _on_chunk_ready(self) -> None:
+        # The executor may have run a due control tick first, which already resumed: a second
+        # tick now would execute two actions in one period.
+        if self._loop.hold_reason is None:
+            return
         self._control_timer.reset()
         self._on_control_tick()
 
