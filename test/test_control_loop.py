@@ -514,3 +514,46 @@ def test_a_controller_given_one_point_at_a_time_skips_nothing_after_a_stall():
     rig.loop.tick(rig.now)
     assert rig.sent[-1][0][0, 0] == pytest.approx(before + 0.02)
     assert rig.loop.status(rig.now, 1.0).counters['actions_overdue'] == 0
+
+
+def tracking(*per_joint: float) -> MotionLimits:
+    return MotionLimits(LIMITS.lower, LIMITS.upper, LIMITS.max_velocity, LIMITS.max_step,
+                        np.array(per_joint))
+
+
+def test_a_controller_switched_off_while_commanding_holds_instead_of_piling_up_the_distance():
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+    for k in range(3):                         # the arm follows the ramp to 0.6
+        rig.step([0.1 * k, 0.1 * k, 0.0], chunk=ramp(0.6, 0.0))
+    sent = len(rig.sent)
+    for _ in range(8):                         # its controller is switched off: it stays at 0.2
+        rig.step([0.2, 0.2, 0.0], chunk=ramp(0.6, 0.0))
+    holds = [points for points, times in rig.sent[sent:] if times is None]
+    assert len(holds) == 1 and rig.sent[-1][1] is None, 'one hold, then nothing'
+    assert np.all(np.abs(rig.commands()[sent:, 0] - 0.2) <= 0.25 + 0.1 + 1e-12), \
+        'never more than max_tracking_error (and the step that found it) ahead of the arm'
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and 'do not follow the command' in status.state
+    assert 'shoulder -0.' in status.state and 'gripper' not in status.state
+    assert status.counters['tracking_error_holds'] == 1
+    for _ in range(3):                         # back on, and brought to the hold point
+        rig.step(list(holds[0][0][:2]) + [0.0], chunk=ramp(0.6, 0.0))
+    assert rig.state() == 'commanding'
+
+
+def test_a_joint_not_tracked_may_stay_behind_its_command():
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+    for _ in range(12):                        # told to close to 0.0, stopped at 0.5 by the object
+        rig.step([0.2, 0.2, 0.5], chunk=ramp(0.2, 0.0))
+    assert rig.state() == 'commanding' and abs(rig.commands()[-1][2]) <= 1e-12
+
+
+def test_the_tracking_error_may_only_tighten_at_run_time():
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+    looser = LoopSettings(JOINTS, ('front',), RATE, tracking(0.5, 0.25, np.inf))
+    assert 'max_tracking_error at joint indices [0] is looser' in rig.loop.check_update(looser)
+    unchecked = LoopSettings(JOINTS, ('front',), RATE, LIMITS)
+    assert 'max_tracking_error at joint indices [0, 1] is looser' in rig.loop.check_update(unchecked)
+    assert rig.loop.check_update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, 1.0))) is None
+    with pytest.raises(ValueError, match='one positive entry per joint'):
+        tracking(0.1, 0.0, 1.0)

@@ -13,6 +13,7 @@ stalled clock and a stop, every command that leaves the loop is:
 * after a hold (and a final hold while holding), sent only if each joint is measured within
   ``max_step`` of its way from where the last action found it to that point: never for a
   robot moved during the hold;
+* an action only while each joint is measured within ``max_tracking_error`` of that point;
 * never computed from an observation older than ``max_action_age`` at the time it executes,
   and only from observation times of chunks that were really delivered;
 * absent while another publisher is on the command topic; only holds while nobody
@@ -91,6 +92,10 @@ class Checker:
             away = np.abs(points[0] - measured) - np.abs(reference - start)
             assert np.all(away <= limits.max_step + max_delta), 'further from the robot than its way and a step'
             self.published['resumed' if not hold else 'final hold while holding'] += 1
+        if not hold and np.isfinite(limits.max_tracking_error).any():
+            assert np.all(np.abs(measured - reference) <= limits.max_tracking_error), \
+                ('commanded a robot that does not follow', measured, reference)
+            self.published['action while tracked'] += 1
         chain = np.vstack([reference, points])
         assert np.all(np.abs(np.diff(chain, axis=0)) <= max_delta), (chain, max_delta)
         if obs_times is not None:
@@ -108,10 +113,11 @@ class Checker:
             self.unheard[:] = False
 
 
-def scaled_limits(scale: float, step: float) -> MotionLimits:
+def scaled_limits(scale: float, step: float, tracking: float | None = None) -> MotionLimits:
     centre = (ENVELOPE.lower + ENVELOPE.upper) / 2
     half = (ENVELOPE.upper - ENVELOPE.lower) / 2 * scale
-    return MotionLimits(centre - half, centre + half, ENVELOPE.max_velocity * scale, step)
+    return MotionLimits(centre - half, centre + half, ENVELOPE.max_velocity * scale, step,
+                        None if tracking is None else np.full(len(JOINTS), tracking * scale))
 
 
 small = st.lists(st.floats(-0.5, 0.5), min_size=3, max_size=3)
@@ -157,15 +163,15 @@ COVERAGE: Counter = Counter()       # what the generated sequences exercised, su
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(operation, min_size=10, max_size=60),
        st.sampled_from(['latest', 'weighted', 'temporal_ensemble']),
-       st.sampled_from([0, 1]), st.sampled_from([0.0, 0.3]))
-def run_sequence(operations, blend, points, max_action_age):
+       st.sampled_from([0, 1]), st.sampled_from([0.0, 0.3]), st.sampled_from([None, None, 0.3]))
+def run_sequence(operations, blend, points, max_action_age, tracking):
     """Play one sequence against a fresh loop; the checker asserts at every command."""
     checker = Checker()
     wall = [0.0]
     inference = ScriptedInference()
     loop = ControlLoop(
-        LoopSettings(JOINTS, CAMERAS, RATE, ENVELOPE, max_observation_age=0.5,
-                     max_action_age=max_action_age, plan_points=points),
+        LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(1.0, ENVELOPE.max_step, tracking),
+                     max_observation_age=0.5, max_action_age=max_action_age, plan_points=points),
         SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend), inference, checker.sink,
         wall_clock=lambda: wall[0])
     checker.loop = loop
@@ -237,7 +243,7 @@ def run_sequence(operations, blend, points, max_action_age):
                 checker.unheard[slice(None) if unheard is None else list(unheard)] = True
         elif kind == 'limits':
             scale, step = value
-            proposed = LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(scale, step),
+            proposed = LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(scale, step, tracking),
                                     max_observation_age=0.5, max_action_age=max_action_age,
                                     plan_points=points)
             reason = loop.check_update(proposed)
@@ -256,7 +262,9 @@ def run_sequence(operations, blend, points, max_action_age):
             break
     assert checker.after_stop <= 1
     COVERAGE.update(checker.published)
-    COVERAGE['refused resumes'] += loop.status(checker.now, 1.0).counters['moved_robot_refusals']
+    counters = loop.status(checker.now, 1.0).counters
+    COVERAGE['refused resumes'] += counters['moved_robot_refusals']
+    COVERAGE['tracking holds'] += counters['tracking_error_holds']
     COVERAGE['sequences'] += 1
     COVERAGE['sequences with actions'] += checker.published['action'] > 0
 
@@ -270,3 +278,4 @@ def test_every_command_is_safe_whatever_happens():
     for kind in ('hold', 'action', 'segment start', 'continued'):
         assert COVERAGE[kind] >= 500, COVERAGE
     assert COVERAGE['resumed'] >= 100 and COVERAGE['refused resumes'] >= 100, COVERAGE
+    assert COVERAGE['action while tracked'] >= 500 and COVERAGE['tracking holds'] >= 100, COVERAGE

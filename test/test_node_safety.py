@@ -241,6 +241,33 @@ def test_limits_only_tighten_at_run_time(system):
         probe.node.destroy_client(client)
 
 
+def test_a_robot_that_does_not_follow_its_commands_holds_the_node(system):
+    """This probe's robot never moves: with a tracking error checked, the node stops stepping away."""
+    node, probe = system
+    client = probe.node.create_client(SetParameters, '/vla_policy_node/set_parameters')
+    try:
+        assert client.wait_for_service(timeout_sec=10.0)
+
+        def set_tracking(value: list[float]) -> None:
+            future = client.call_async(SetParameters.Request(parameters=[
+                Parameter('limits.max_tracking_error', value=value).to_parameter_msg()]))
+            assert wait_until(future.done, 10.0) and future.result().results[0].successful
+        assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+        start = probe.command_count()
+        set_tracking([0.02])
+        assert wait_until(lambda: 'do not follow the command' in probe.state(), 10.0), probe.state()
+        assert probe.counter('tracking_error_holds') >= 1
+        time.sleep(0.5)
+        held = probe.command_count()
+        time.sleep(0.5)
+        assert probe.command_count() == held, 'nothing after the hold'
+        assert_safe(probe, start)
+        set_tracking([5.0])          # within the envelope given at start (not checked)
+        assert wait_until(lambda: probe.state() == 'commanding', 10.0), probe.state()
+    finally:
+        probe.node.destroy_client(client)
+
+
 def test_random_weights_refuse_to_start_unless_allowed():
     process = NodeProcess([DEFAULT_CONFIG], next_domain_id(), random_weights=False)
     try:

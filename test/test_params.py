@@ -113,6 +113,12 @@ def test_default_yaml_is_valid():
     ({'limits.max_velocity': [1.0] * 5 + [0.0]},
      'invalid limits: max_velocity must be positive at joint indices [5]'),
     ({'command_topic': ' '}, "parameter 'command_topic' must not be empty"),
+    ({'limits.max_tracking_error': [0.3] * 5},
+     "parameter 'limits.max_tracking_error' = [0.3, 0.3, 0.3, 0.3, 0.3] must give one value >= 0 per joint "
+     '(6), or one for all (0: not checked)'),
+    ({'limits.max_tracking_error': [-0.3]},
+     "parameter 'limits.max_tracking_error' = [-0.3] must give one value >= 0 per joint "
+     '(6), or one for all (0: not checked)'),
     ({'chunking.blend': 'smooth'},
      "parameter 'chunking.blend' = 'smooth' must be a string "
      '(one of latest, weighted, temporal_ensemble, rtc)'),
@@ -133,6 +139,16 @@ def test_bad_values_are_refused_with_a_reason(change, message):
     with pytest.raises(ParameterError) as error:
         settings_from_values({**VALUES, **change})
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize('given, expected', [
+    (None, [np.inf] * 6),
+    ([0.3], [0.3] * 6),
+    ([0.2, 0.2, 0.3, 0.3, 0.5, 0.0], [0.2, 0.2, 0.3, 0.3, 0.5, np.inf]),
+])
+def test_the_tracking_error_applies_to_every_joint_or_one_each_and_0_leaves_a_joint_unchecked(given, expected):
+    settings = settings_from_values({**VALUES, 'limits.max_tracking_error': given})
+    np.testing.assert_array_equal(settings.limits.max_tracking_error, expected)
 
 
 def test_missing_value_is_refused():
@@ -226,6 +242,11 @@ def test_runtime_changes_are_validated_and_read_only_parameters_refused(context)
         assert not node.set_parameters([Parameter('policy_deadline', value=0.0)])[0].successful
         assert node.set_parameters([Parameter('policy_deadline', value=0.2)])[0].successful
         assert node._worker.deadline == 0.2
+        assert node.set_parameters([Parameter('limits.max_tracking_error', value=[0.3])])[0].successful, \
+            'checking a tracking error where none was is a tightening'
+        np.testing.assert_array_equal(node._loop.settings.limits.max_tracking_error, [0.3] * 6)
+        result = node.set_parameters([Parameter('limits.max_tracking_error', value=[0.3] * 5)])[0]
+        assert not result.successful and 'must give one value >= 0 per joint (6)' in result.reason
     finally:
         node.stop()
         node.destroy_node()

@@ -33,6 +33,10 @@ caller of ``sink``. It guarantees, for every published point:
   would jump by that distance, one from the measured state by a sensor glitch's. The loop
   cannot tell which, so it sends nothing and says so (ERROR) until the robot is back (a
   lifecycle node's activation starts from the measured state);
+* while commanding, never for a joint measured further than ``max_tracking_error`` from the
+  point its controller executes (when set): it does not follow (a controller switched off, a
+  joint blocked or pushed), and stepping on would leave its controller that far ahead of it
+  when it follows again; the loop holds at that point until the joint is back within it;
 * computed from observations at most ``max_action_age`` old at the time it is to execute
   (holds repeat the point being executed, or the measured state, and compute nothing).
 
@@ -70,7 +74,7 @@ LOOP_FAULTS = FAULTS + (FAULT_STALE,)
 LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clamped_joints',
                  'clamped_lookahead_joints', 'episode_resets', 'rejected_chunks',
                  'rejected_inputs', 'stale_actions_refused', 'unreachable_commands', 'moved_robot_refusals',
-                 'joint_states_without_positions', 'watchdog_holds')
+                 'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds')
 LOG_PERIOD_S = 2.0
 
 
@@ -447,6 +451,10 @@ class ControlLoop:
             moved = self._moved_during_hold(now, reference)
             if moved is not None:
                 return moved
+        if plan is not None:
+            lagging = self._not_following(now, reference)
+            if lagging is not None:
+                return lagging
         if plan is None:
             targets, obs_times = reference[None, :], None
         else:
@@ -520,6 +528,32 @@ class ControlLoop:
         return Refusal(f'joints moved during the hold, more than max_step = {max_step:g} off the way to their '
                        f'last command ({far} from it): someone moved the robot; not resuming until it is back '
                        '(lifecycle node: deactivate and activate to start from where it is)', ERROR)
+
+    def _not_following(self, now: float, reference: np.ndarray) -> Refusal | None:
+        """
+        Refuse to command while a joint is measured beyond ``max_tracking_error`` from its point.
+
+        Such a joint does not follow what its controller is told: the controller is off (switched
+        by a controller manager), the joint is blocked, or someone pushes it. Stepping on from
+        its point would pile up that distance for the moment it follows again, so the loop holds
+        (at that point: no further than it already goes) until the joint is back within reach.
+        """
+        limit = self._settings.limits.max_tracking_error
+        if np.isinf(limit).all():
+            return None
+        measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
+        if measured is None:
+            return Refusal('no fresh joint position to compare the command with')
+        off = np.flatnonzero(np.abs(measured - reference) > limit)
+        if off.size == 0:
+            return None
+        far = ', '.join(f'{self._settings.joint_names[i]} {measured[i] - reference[i]:+.3f} '
+                        f'(max {limit[i]:g})' for i in off[:8])
+        return Refusal(f'joints do not follow the command, measured beyond max_tracking_error from the point '
+                       f'their controller executes ({far}): is a controller switched off, a joint blocked, or '
+                       'someone moving the robot? Not commanding until they are back within it (lifecycle '
+                       'node: deactivate and activate to start from where it is)', ERROR,
+                       counter='tracking_error_holds')
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
         """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""

@@ -87,12 +87,18 @@ class MotionLimits:
     lower, upper, max_velocity: shape (J,), one entry per configured joint (rad or m, and per s).
     max_step: the largest change of any joint between two consecutive commands, whatever dt is;
     it bounds the jump after a stall, when ``max_velocity * dt`` would be large.
+    max_tracking_error: shape (J,), how far each joint may be measured from the point its
+    controller executes while the loop commands (inf, or None for all: not checked). A joint
+    further off does not follow (its controller switched off, the joint blocked or pushed),
+    so what its controller executes once it follows again could be that far from it: the
+    loop holds instead.
     """
 
     lower: np.ndarray
     upper: np.ndarray
     max_velocity: np.ndarray
     max_step: float
+    max_tracking_error: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         lower = check_finite(self.lower, 'lower position limits').reshape(-1)
@@ -110,7 +116,13 @@ class MotionLimits:
             raise SafetyError(f'max_velocity must be positive at joint indices {bad}')
         if not (math.isfinite(self.max_step) and self.max_step > 0.0):
             raise SafetyError(f'max_step must be positive and finite, got {self.max_step}')
-        for name, value in (('lower', lower), ('upper', upper), ('max_velocity', velocity)):
+        tracking = (np.full(lower.size, math.inf) if self.max_tracking_error is None
+                    else np.asarray(self.max_tracking_error, dtype=np.float64).reshape(-1))
+        if tracking.size != lower.size or not np.all(tracking > 0.0):   # NaN fails too
+            raise SafetyError(f'max_tracking_error needs one positive entry per joint (inf: not checked), '
+                              f'got {tracking.tolist()}')
+        for name, value in (('lower', lower), ('upper', upper), ('max_velocity', velocity),
+                            ('max_tracking_error', tracking)):
             value.setflags(write=False)
             object.__setattr__(self, name, value)
 
@@ -136,7 +148,8 @@ class MotionLimits:
         if self.num_joints != envelope.num_joints:
             return f'{self.num_joints} joints, the envelope has {envelope.num_joints}'
         checks = (('lower', self.lower < envelope.lower), ('upper', self.upper > envelope.upper),
-                  ('max_velocity', self.max_velocity > envelope.max_velocity))
+                  ('max_velocity', self.max_velocity > envelope.max_velocity),
+                  ('max_tracking_error', self.max_tracking_error > envelope.max_tracking_error))
         for name, looser in checks:
             if looser.any():
                 return (f'{name} at joint indices {np.flatnonzero(looser).tolist()} is looser than '

@@ -230,6 +230,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'Maximum speed per joint (units per second).', read_only=False),
     ParamSpec('limits.max_step', 0.1, 'Maximum change of any joint between two commands.',
               read_only=False, bounds=(1e-6, 10.0)),
+    ParamSpec('limits.max_tracking_error', Parameter.Type.DOUBLE_ARRAY,
+              'How far each joint may be measured from the point its controller executes while '
+              'the node commands; further, the node holds (a controller switched off, a joint '
+              'blocked or pushed) until it is back. One entry applies to every joint; 0: not '
+              'checked (a gripper that squeezes what it holds). Absent: not checked.',
+              read_only=False, optional=True),
     ParamSpec('diagnostics_period', 1.0, 'Seconds between /diagnostics messages.',
               bounds=(0.1, 60.0)),
 )
@@ -416,12 +422,19 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         groups = command_groups_from_values(values, joints)
     except ValueError as error:
         raise ParameterError(str(error)) from error
+    tracking = values['limits.max_tracking_error']
+    if tracking is not None and (len(tracking) not in (1, len(joints)) or not all(v >= 0.0 for v in tracking)):
+        raise ParameterError(
+            f"parameter 'limits.max_tracking_error' = {list(tracking)} must give one value >= 0 per joint "
+            f'({len(joints)}), or one for all (0: not checked)')
     try:
         limits = MotionLimits(
             lower=np.array(values['limits.lower'], dtype=np.float64),
             upper=np.array(values['limits.upper'], dtype=np.float64),
             max_velocity=np.array(values['limits.max_velocity'], dtype=np.float64),
-            max_step=float(values['limits.max_step']))
+            max_step=float(values['limits.max_step']),
+            max_tracking_error=None if tracking is None else np.broadcast_to(
+                np.where(np.array(tracking, dtype=np.float64) > 0.0, tracking, np.inf), len(joints)))
     except SafetyError as error:
         raise ParameterError(f'invalid limits: {error}') from error
     return NodeSettings(
