@@ -67,6 +67,7 @@ class ProbeRobot:
         self._change = self.node.create_client(ChangeState, f'{self.target}/change_state')
         self._state = self.node.create_client(GetState, f'{self.target}/get_state')
         self._reset = self.node.create_client(Trigger, f'{self.target}/reset_episode')
+        self._restart = self.node.create_client(Trigger, f'{self.target}/restart_from_measured')
         self.node.create_timer(1.0 / 15.0, self._publish_images)
         self.node.create_timer(1.0 / 50.0, self._publish_joints)
         self.executor = SingleThreadedExecutor(context=self.context)
@@ -141,6 +142,10 @@ class ProbeRobot:
     def reset_episode(self, timeout: float = 30.0) -> Any:
         """Call the node's ~/reset_episode; return the reply (success, message)."""
         return self._call(self._reset, Trigger.Request(), timeout)
+
+    def restart_from_measured(self, timeout: float = 30.0) -> Any:
+        """Call the node's ~/restart_from_measured; return the reply (success, message)."""
+        return self._call(self._restart, Trigger.Request(), timeout)
 
     def close(self) -> None:
         """Stop spinning and shut the probe's context down."""

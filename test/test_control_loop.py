@@ -557,3 +557,25 @@ def test_the_tracking_error_may_only_tighten_at_run_time():
     assert rig.loop.check_update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, 1.0))) is None
     with pytest.raises(ValueError, match='one positive entry per joint'):
         tracking(0.1, 0.0, 1.0)
+
+
+def test_an_operator_restarts_a_loop_that_refuses_to_resume_from_where_the_robot_is():
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    assert rig.loop.restart_from_measured(rig.now) == 'commanding: there is no hold to restart from'
+    hold_on_a_policy_fault(rig, [0.1, 0.1, 0.0])
+    sent = len(rig.sent)
+    for _ in range(3):                         # hand-guided to 1.0 during the hold
+        rig.step([1.0, 1.0, 0.0], chunk=ramp(1.0, 0.0))
+    assert 'someone moved the robot' in rig.state() and len(rig.sent) == sent
+    rig.now += 1.0                             # the joint states stop
+    assert rig.loop.restart_from_measured(rig.now) == 'no fresh joint state to start from'
+    rig.feed([1.0, 1.0, 0.0])
+    assert rig.loop.restart_from_measured(rig.now) is None
+    for _ in range(3):
+        rig.step([1.0, 1.0, 0.0], chunk=ramp(1.2, 0.0))
+    assert rig.state() == 'commanding'
+    assert np.all(np.abs(rig.commands()[sent] - [1.0, 1.0, 0.0]) <= 0.1 + 1e-12), 'from where it is'
+    assert rig.loop.stop(rig.now)
+    assert rig.loop.restart_from_measured(rig.now) == 'the control loop is stopped'

@@ -16,6 +16,7 @@ stalled clock and a stop, every command that leaves the loop is:
 * an action only while each joint is measured within ``max_tracking_error`` of that point;
 * never computed from an observation older than ``max_action_age`` at the time it executes,
   and only from observation times of chunks that were really delivered;
+* after an operator's restart, within one step of the measured state;
 * absent while another publisher is on the command topic; only holds while nobody
   subscribes; after stop nothing but the one final hold.
 """
@@ -152,6 +153,7 @@ operation = st.one_of(
     st.tuples(st.just('limits'), st.tuples(st.sampled_from([1.0, 0.9, 0.5, 1.2]),
                                            st.sampled_from([0.1, 0.05, 0.2]))),
     st.tuples(st.just('watchdog'), st.sampled_from([0.1, 1.0])),
+    st.tuples(st.just('restart'), st.just(None)),
     st.tuples(st.just('stop'), st.just(None)),
 )
 
@@ -256,6 +258,10 @@ def run_sequence(operations, blend, points, max_action_age, tracking):
         elif kind == 'watchdog':
             wall[0] += value
             loop.watchdog(now)
+        elif kind == 'restart':         # an operator: start again from the measured state
+            if loop.restart_from_measured(now) is None:
+                checker.unheard[:] = True
+                checker.published['restarts'] += 1
         elif kind == 'stop':
             checker.stopped = True
             loop.stop(now)
@@ -279,3 +285,4 @@ def test_every_command_is_safe_whatever_happens():
         assert COVERAGE[kind] >= 500, COVERAGE
     assert COVERAGE['resumed'] >= 100 and COVERAGE['refused resumes'] >= 100, COVERAGE
     assert COVERAGE['action while tracked'] >= 500 and COVERAGE['tracking holds'] >= 100, COVERAGE
+    assert COVERAGE['restarts'] >= 100, COVERAGE

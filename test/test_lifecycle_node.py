@@ -88,6 +88,8 @@ def test_configure_loads_and_warms_up_but_commands_nothing(system):
     assert system.quiet(), system.node.output
     reply = system.robot.reset_episode()
     assert not reply.success and reply.message == 'not active: there is no episode to reset'
+    reply = system.robot.restart_from_measured()
+    assert not reply.success and reply.message == 'not active: activating starts from the measured joint state'
 
 
 def test_activate_waits_for_an_instruction_published_after_it(system):

@@ -174,7 +174,7 @@ def test_only_documented_interfaces(system):
     parameter_services = {f'{NODE}/{s}' for s in (
         'describe_parameters', 'get_parameter_types', 'get_parameters', 'list_parameters',
         'set_parameters', 'set_parameters_atomically', 'get_type_description')}
-    assert services <= {f'{NODE}/reset_episode'} | parameter_services, services
+    assert services <= {f'{NODE}/reset_episode', f'{NODE}/restart_from_measured'} | parameter_services, services
 
 
 @pytest.mark.parametrize('name, value', [('command_topic', 'elsewhere'), ('checkpoint', '/tmp')])

@@ -262,6 +262,14 @@ def test_a_robot_that_does_not_follow_its_commands_holds_the_node(system):
         time.sleep(0.5)
         assert probe.command_count() == held, 'nothing after the hold'
         assert_safe(probe, start)
+        restart = probe.node.create_client(Trigger, '/vla_policy_node/restart_from_measured')
+        assert restart.wait_for_service(timeout_sec=10.0)
+        future = restart.call_async(Trigger.Request())      # the operator: start from where it is
+        assert wait_until(future.done, 10.0) and future.result().success, future.result()
+        assert wait_until(lambda: probe.command_count() > held, 10.0), node.output
+        first = probe.positions()[held]
+        assert np.all(np.abs(first - probe.measured()) <= MAX_STEP + 1e-9), (first, probe.measured())
+        probe.node.destroy_client(restart)
         set_tracking([5.0])          # within the envelope given at start (not checked)
         assert wait_until(lambda: probe.state() == 'commanding', 10.0), probe.state()
     finally:

@@ -31,8 +31,9 @@ caller of ``sink``. It guarantees, for every published point:
   next command steps from its point, where the hold already told it to go. Off it, someone
   moved it (hand guiding, another node on the topic): a command stepping from the last one
   would jump by that distance, one from the measured state by a sensor glitch's. The loop
-  cannot tell which, so it sends nothing and says so (ERROR) until the robot is back (a
-  lifecycle node's activation starts from the measured state);
+  cannot tell which, so it sends nothing and says so (ERROR) until the robot is back, or an
+  operator restarts it from the measured state (:meth:`ControlLoop.restart_from_measured`; a
+  lifecycle node's activation does the same);
 * while commanding, never for a joint measured further than ``max_tracking_error`` from the
   point its controller executes (when set): it does not follow (a controller switched off, a
   joint blocked or pushed), and stepping on would leave its controller that far ahead of it
@@ -513,7 +514,7 @@ class ControlLoop:
         """
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
         if measured is None:
-            return Refusal('no fresh joint position to resume from')
+            return Refusal('no fresh joint position to check the robot against')
         max_step = self._settings.limits.max_step
         start = reference if self._commanded_at is None else self._commanded_at
         low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
@@ -526,8 +527,8 @@ class ControlLoop:
             self._counters['moved_robot_refusals'] += 1
         far = ', '.join(f'{self._settings.joint_names[i]} {measured[i] - reference[i]:+.3f}' for i in away[:8])
         return Refusal(f'joints moved during the hold, more than max_step = {max_step:g} off the way to their '
-                       f'last command ({far} from it): someone moved the robot; not resuming until it is back '
-                       '(lifecycle node: deactivate and activate to start from where it is)', ERROR)
+                       f'last command ({far} from it): someone moved the robot; not resuming until it is back, '
+                       'or ~/restart_from_measured is called', ERROR)
 
     def _not_following(self, now: float, reference: np.ndarray) -> Refusal | None:
         """
@@ -551,8 +552,8 @@ class ControlLoop:
                         f'(max {limit[i]:g})' for i in off[:8])
         return Refusal(f'joints do not follow the command, measured beyond max_tracking_error from the point '
                        f'their controller executes ({far}): is a controller switched off, a joint blocked, or '
-                       'someone moving the robot? Not commanding until they are back within it (lifecycle '
-                       'node: deactivate and activate to start from where it is)', ERROR,
+                       'someone moving the robot? Not commanding until they are back within it, or '
+                       '~/restart_from_measured is called', ERROR,
                        counter='tracking_error_holds')
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
@@ -626,6 +627,28 @@ class ControlLoop:
             count = self._counters['episode_resets']
         self._log('info', f'episode reset #{count} ({reason})')
         return count
+
+    def restart_from_measured(self, now: float) -> str | None:
+        """
+        Make the next command step from the measured state, on an operator's word; why not, or None.
+
+        The way back from a hold the loop will not leave by itself (the robot moved during it,
+        or stayed behind its controller): the operator has checked the robot, and the next
+        command starts a segment from where it is measured, as after a lost subscriber.
+        Refused while commanding (nothing to restart) and without a fresh joint state.
+        """
+        with self._lock:
+            if self._stopped:
+                return 'the control loop is stopped'
+            if self._hold_reason is None:
+                return 'commanding: there is no hold to restart from'
+            if self._inputs.fresh_positions(now, self._settings.max_observation_age) is None:
+                return 'no fresh joint state to start from'
+            self._unheard[:] = True
+            self._moved_counted = False
+            reason = self._hold_reason
+        self._log('info', f'restarting from the measured joint state (was holding: {reason})')
+        return None
 
     def stop(self, now: float) -> bool:
         """Stop for good after one last hold; whether the hold was sent."""

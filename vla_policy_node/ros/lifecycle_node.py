@@ -20,7 +20,8 @@ The same wiring as the plain node (``PolicyWiring``), driven by transitions:
 * ``shutdown`` holds (when active), then frees everything.
 
 Outside ``active`` no control tick, watchdog or chunk runs a loop, so nothing is published
-on the command topic, and ``~/reset_episode`` answers that there is no episode to reset.
+on the command topic, ``~/reset_episode`` answers that there is no episode to reset, and
+``~/restart_from_measured`` that activating starts from the measured state.
 """
 
 from __future__ import annotations
@@ -259,6 +260,13 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
             return super()._on_reset_episode(request, response)
         response.success = False
         response.message = 'not active: there is no episode to reset'
+        return response
+
+    def _on_restart_from_measured(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        if self._active:
+            return super()._on_restart_from_measured(request, response)
+        response.success = False
+        response.message = 'not active: activating starts from the measured joint state'
         return response
 
     def _on_watchdog(self) -> None:

@@ -201,6 +201,8 @@ class PolicyWiring:
         self._loop = self._make_loop()
         self._check_command_topic()
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode, qos_profile=SERVICE_QOS)
+        self.create_service(Trigger, '~/restart_from_measured', self._on_restart_from_measured,
+                            qos_profile=SERVICE_QOS)
         self._control_timer = self.create_timer(1.0 / settings.control_rate_hz, self._on_control_tick)
         wall = Clock(clock_type=ClockType.STEADY_TIME)      # runs when a simulated clock stops
         self.create_timer(WATCHDOG_PERIOD_S, self._on_watchdog, clock=wall)
@@ -313,6 +315,13 @@ class PolicyWiring:
         count = self._loop.reset_episode('reset_episode service')
         response.success = True
         response.message = f'episode reset #{count}: prefix cache, action queue and blending cleared'
+        return response
+
+    def _on_restart_from_measured(self, request: Trigger.Request,
+                                  response: Trigger.Response) -> Trigger.Response:
+        refused = self._loop.restart_from_measured(self._now())
+        response.success = refused is None
+        response.message = refused or 'the next command steps from the measured joint state'
         return response
 
     # ------------------------------------------------------------------ parameters
