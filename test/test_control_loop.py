@@ -524,21 +524,50 @@ def tracking(*per_joint: float) -> MotionLimits:
 def test_a_controller_switched_off_while_commanding_holds_instead_of_piling_up_the_distance():
     rig = Rig(limits=tracking(0.25, 0.25, np.inf))
     for k in range(3):                         # the arm follows the ramp to 0.6
-        rig.step([0.1 * k, 0.1 * k, 0.0], chunk=ramp(0.6, 0.0))
+        rig.step([0.1 * k, 0.1 * k, 0.3], chunk=ramp(0.6, 0.0))
     sent = len(rig.sent)
     for _ in range(8):                         # its controller is switched off: it stays at 0.2
-        rig.step([0.2, 0.2, 0.0], chunk=ramp(0.6, 0.0))
-    holds = [points for points, times in rig.sent[sent:] if times is None]
-    assert len(holds) == 1 and rig.sent[-1][1] is None, 'one hold, then nothing'
+        rig.step([0.2, 0.2, 0.3], chunk=ramp(0.6, 0.0))
+    holds = [(i, points) for i, (points, times) in enumerate(rig.sent) if times is None]
+    assert len(holds) == 1 and holds[0][0] == len(rig.sent) - 1, 'one hold, then nothing'
     assert np.all(np.abs(rig.commands()[sent:, 0] - 0.2) <= 0.25 + 0.1 + 1e-12), \
         'never more than max_tracking_error (and the step that found it) ahead of the arm'
+    walk = np.vstack([rig.sent[-2][0][0], holds[0][1]])
+    assert np.all(np.abs(np.diff(walk, axis=0)) <= 0.1 + 1e-12), walk
+    np.testing.assert_allclose(walk[-1, :2], [0.2, 0.2], err_msg='the hold walks back to where the arm is')
+    assert np.all(walk[1:, 2] == walk[0, 2]), 'the unchecked gripper keeps its point'
     status = rig.loop.status(rig.now, 1.0)
     assert status.level == ERROR and 'do not follow the command' in status.state
     assert 'shoulder -0.' in status.state and 'gripper' not in status.state
     assert status.counters['tracking_error_holds'] == 1
-    for _ in range(3):                         # back on, and brought to the hold point
-        rig.step(list(holds[0][0][:2]) + [0.0], chunk=ramp(0.6, 0.0))
+    count = len(rig.sent)
+    for _ in range(len(walk) + 3):             # back on: the arm follows the hold to where it is
+        rig.step([0.2, 0.2, 0.3], chunk=ramp(0.6, 0.0))
+        status = rig.loop.status(rig.now, 1.0)
+        assert status.level == ERROR and 'do not follow' in status.state, 'latched, as a protective stop'
+    assert len(rig.sent) == count and rig.inference.pending is None, 'nothing sent, nothing asked of the policy'
+    assert rig.loop.restart_from_measured(rig.now) is None
+    for _ in range(3):
+        rig.step([0.2, 0.2, 0.3], chunk=ramp(0.6, 0.0))
     assert rig.state() == 'commanding'
+    assert np.all(np.abs(rig.commands()[count] - [0.2, 0.2, walk[-1, 2]]) <= 0.1 + 1e-12)
+
+
+def test_a_resume_refused_for_a_joint_left_behind_yields_to_it_too():
+    """Holding for another reason, then the arm is found behind: the hold already sent must be walked back."""
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+    for k in range(4):
+        rig.step([0.1 * k, 0.1 * k, 0.0], chunk=ramp(0.6, 0.0))
+    hold_on_a_policy_fault(rig, [0.2, 0.2, 0.0])       # the arm lags at 0.2, its point 0.4
+    rig.now += DT
+    rig.wall += DT
+    sent = len(rig.sent)
+    for _ in range(3):                                  # pushed back to 0.1 (on its way: no 'moved')
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.6, 0.0))
+    assert 'do not follow the command' in rig.state()
+    points, times = rig.sent[sent]
+    assert times is None and len(rig.sent) == sent + 1
+    np.testing.assert_allclose(points[-1, :2], [0.1, 0.1])
 
 
 def test_a_joint_not_tracked_may_stay_behind_its_command():
@@ -557,6 +586,19 @@ def test_the_tracking_error_may_only_tighten_at_run_time():
     assert rig.loop.check_update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, 1.0))) is None
     with pytest.raises(ValueError, match='one positive entry per joint'):
         tracking(0.1, 0.0, 1.0)
+
+
+def test_a_new_loop_keeps_the_envelope_given_at_start_not_the_limits_tightened_since():
+    """A lifecycle node re-activated after a run-time tightening may loosen back to its start limits."""
+    start = tracking(0.5, 0.5, np.inf)
+    tightened = LoopSettings(JOINTS, ('front',), RATE, tracking(0.02, 0.02, np.inf))
+    loop = ControlLoop(tightened, SchedulerConfig(control_rate_hz=RATE, horizon=4), ScriptedInference(),
+                       lambda points, times: None, envelope=start)
+    assert loop.check_update(LoopSettings(JOINTS, ('front',), RATE, start)) is None
+    assert 'looser' in loop.check_update(LoopSettings(JOINTS, ('front',), RATE, LIMITS))
+    with pytest.raises(ValueError, match='looser than the limits given at start'):
+        ControlLoop(LoopSettings(JOINTS, ('front',), RATE, LIMITS), SchedulerConfig(control_rate_hz=RATE, horizon=4),
+                    ScriptedInference(), lambda points, times: None, envelope=start)
 
 
 def test_an_operator_restarts_a_loop_that_refuses_to_resume_from_where_the_robot_is():

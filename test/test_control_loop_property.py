@@ -13,7 +13,8 @@ stalled clock and a stop, every command that leaves the loop is:
 * after a hold (and a final hold while holding), sent only if each joint is measured within
   ``max_step`` of its way from where the last action found it to that point: never for a
   robot moved during the hold;
-* an action only while each joint is measured within ``max_tracking_error`` of that point;
+* an action only while each joint is measured within ``max_tracking_error`` of that point,
+  and, once one was not, only after an operator's restart;
 * never computed from an observation older than ``max_action_age`` at the time it executes,
   and only from observation times of chunks that were really delivered;
 * after an operator's restart, within one step of the measured state;
@@ -61,6 +62,7 @@ class Checker:
         self.stopped = False
         self.after_stop = 0
         self.published = Counter()
+        self.latches_restarted = 0  # tracking errors latched before the last operator restart
 
     def sink(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
         loop_settings = self.loop.settings
@@ -93,6 +95,9 @@ class Checker:
             away = np.abs(points[0] - measured) - np.abs(reference - start)
             assert np.all(away <= limits.max_step + max_delta), 'further from the robot than its way and a step'
             self.published['resumed' if not hold else 'final hold while holding'] += 1
+        if not hold:
+            latches = self.loop._counters['tracking_error_holds']
+            assert latches == self.latches_restarted, 'commanded after a tracking error without a restart'
         if not hold and np.isfinite(limits.max_tracking_error).any():
             assert np.all(np.abs(measured - reference) <= limits.max_tracking_error), \
                 ('commanded a robot that does not follow', measured, reference)
@@ -112,6 +117,23 @@ class Checker:
             self.commanded_at = self.loop._inputs.last_positions()
         if self.allowed:
             self.unheard[:] = False
+
+    def restart(self) -> None:
+        """Follow an operator's restart: tracked joints and those off their way step from the measured state."""
+        limits = self.loop.settings.limits
+        measured = self.loop._inputs.fresh_positions(self.now, self.loop.settings.max_observation_age)
+        tracked = np.isfinite(limits.max_tracking_error)
+        if self.sent is None:
+            off = np.ones(len(JOINTS), dtype=bool)
+        else:
+            due = int(round((self.now - self.sent_at) / DT)) - 1
+            reference = np.where(self.unheard, measured, self.sent[min(max(due, 0), len(self.sent) - 1)])
+            start = reference if self.commanded_at is None else self.commanded_at
+            off = np.abs(measured - np.clip(measured, np.minimum(start, reference), np.maximum(start, reference))) \
+                > limits.max_step
+        self.unheard |= tracked | off
+        self.latches_restarted = self.loop._counters['tracking_error_holds']
+        self.published['restarts'] += 1
 
 
 def scaled_limits(scale: float, step: float, tracking: float | None = None) -> MotionLimits:
@@ -260,8 +282,7 @@ def run_sequence(operations, blend, points, max_action_age, tracking):
             loop.watchdog(now)
         elif kind == 'restart':         # an operator: start again from the measured state
             if loop.restart_from_measured(now) is None:
-                checker.unheard[:] = True
-                checker.published['restarts'] += 1
+                checker.restart()
         elif kind == 'stop':
             checker.stopped = True
             loop.stop(now)

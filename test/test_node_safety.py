@@ -269,9 +269,14 @@ def test_a_robot_that_does_not_follow_its_commands_holds_the_node(system):
         assert wait_until(lambda: probe.command_count() > held, 10.0), node.output
         first = probe.positions()[held]
         assert np.all(np.abs(first - probe.measured()) <= MAX_STEP + 1e-9), (first, probe.measured())
-        probe.node.destroy_client(restart)
+        assert wait_until(lambda: probe.counter('tracking_error_holds') >= 2, 10.0), probe.state()
         set_tracking([5.0])          # within the envelope given at start (not checked)
+        time.sleep(0.5)
+        assert 'do not follow the command' in probe.state(), 'latched until the operator restarts'
+        future = restart.call_async(Trigger.Request())
+        assert wait_until(future.done, 10.0) and future.result().success, future.result()
         assert wait_until(lambda: probe.state() == 'commanding', 10.0), probe.state()
+        probe.node.destroy_client(restart)
     finally:
         probe.node.destroy_client(client)
 

@@ -37,7 +37,9 @@ caller of ``sink``. It guarantees, for every published point:
 * while commanding, never for a joint measured further than ``max_tracking_error`` from the
   point its controller executes (when set): it does not follow (a controller switched off, a
   joint blocked or pushed), and stepping on would leave its controller that far ahead of it
-  when it follows again; the loop holds at that point until the joint is back within it;
+  when it follows again. The loop sends one hold that walks the checked joints back to where
+  they are, at the step limit, and stays latched (a protective stop) until an operator's
+  :meth:`ControlLoop.restart_from_measured`;
 * computed from observations at most ``max_action_age`` old at the time it is to execute
   (holds repeat the point being executed, or the measured state, and compute nothing).
 
@@ -77,6 +79,7 @@ LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clam
                  'rejected_inputs', 'stale_actions_refused', 'unreachable_commands', 'moved_robot_refusals',
                  'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds')
 LOG_PERIOD_S = 2.0
+MAX_HOLD_POINTS = 100       # a hold that walks back to the robot: at most this many periods
 
 
 class Inference(Protocol):
@@ -101,6 +104,7 @@ class Refusal:
     reason: str
     level: int = WARN
     counter: str | None = None      # counted when it starts a hold
+    yield_to_robot: bool = False    # the hold walks back to the measured state (stop pushing)
 
 
 @dataclass(frozen=True)
@@ -174,9 +178,14 @@ class ControlLoop:
     def __init__(self, settings: LoopSettings, scheduler: SchedulerConfig, inference: Inference,
                  sink: Sink, log: Log = lambda severity, text: None,
                  wall_clock: Callable[[], float] = time.monotonic,
-                 on_chunk_ready: Callable[[], None] = lambda: None) -> None:
+                 on_chunk_ready: Callable[[], None] = lambda: None,
+                 envelope: MotionLimits | None = None) -> None:
+        """``envelope``: the limits run-time updates may not loosen (None: ``settings.limits``)."""
         self._settings = settings
-        self._envelope = settings.limits
+        self._envelope = settings.limits if envelope is None else envelope
+        looser = settings.limits.loosened_from(self._envelope)
+        if looser is not None:
+            raise ValueError(f'limits: {looser}')
         self._scheduler = ChunkScheduler(scheduler)
         self._inputs = ObservationBuffer(settings.camera_names, settings.joint_names)
         self._inference = inference
@@ -193,6 +202,8 @@ class ControlLoop:
         self._contested = False                       # another publisher on a command topic
         self._commanded_at: np.ndarray | None = None  # measured when the last action left
         self._moved_counted = False                   # this refusal counted in moved_robot_refusals
+        self._not_following_fault: Refusal | None = None   # latched until an operator's restart
+        self._yielded = False                         # its hold, walking back to the robot, was sent
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
         self._policy_fault: str | None = None
@@ -396,6 +407,8 @@ class ControlLoop:
     def _blocking_problem(self, now: float) -> Refusal | None:
         if self._link_problem is not None:
             return self._link_problem
+        if self._not_following_fault is not None:     # latched: no request, and the ERROR stays
+            return self._not_following_fault
         clock = self._clock_problem()
         if clock is not None:
             return clock
@@ -424,20 +437,30 @@ class ControlLoop:
         self._hold_reason = None
 
     def _hold(self, now: float, why: Refusal) -> None:
-        """Stop commanding; on the transition, send one hold command and log why."""
-        if self._hold_reason is None:
-            if why.counter is not None:
+        """
+        Stop commanding; on the transition, send one hold command and log why.
+
+        A hold that yields to the robot is sent once per latch even while already holding: a
+        resume refused for a joint that does not follow must still stop its controller pushing.
+        """
+        yield_now = why.yield_to_robot and not self._yielded
+        if self._hold_reason is None or yield_now:
+            if why.counter is not None and self._hold_reason is None:
                 self._counters[why.counter] += 1
-            problem = self._emit(now, None)
+            problem = self._emit(now, None, why.yield_to_robot)
+            self._yielded = self._yielded or (yield_now and problem is None)
             suffix = f' (no hold sent: {problem.reason})' if problem and problem is not why else ''
             self._log('warning', f'holding: {why.reason}{suffix}')
         elif why.reason != self._hold_reason:
             self._limited_log('hold', 'warning', f'holding: {why.reason}')
         self._hold_reason, self._hold_level = why.reason, why.level
 
-    def _emit(self, now: float, plan: Plan | None) -> Refusal | None:
+    def _emit(self, now: float, plan: Plan | None, yield_to_robot: bool = False) -> Refusal | None:
         """
         Send ``plan`` (None: a hold) through every check, or nothing; why not, or None if sent.
+
+        A hold repeats the point executed now; ``yield_to_robot``: it walks from there to the
+        measured state at the step limit, so a controller ahead of its joint stops pushing.
 
         The only caller of the sink. See the module docstring for what it guarantees.
         """
@@ -457,7 +480,7 @@ class ControlLoop:
             if lagging is not None:
                 return lagging
         if plan is None:
-            targets, obs_times = reference[None, :], None
+            targets, obs_times = self._hold_targets(now, reference, yield_to_robot), None
         else:
             targets = self._fresh_rows(now, plan)
             if targets is None:
@@ -516,9 +539,7 @@ class ControlLoop:
         if measured is None:
             return Refusal('no fresh joint position to check the robot against')
         max_step = self._settings.limits.max_step
-        start = reference if self._commanded_at is None else self._commanded_at
-        low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
-        away = np.flatnonzero((measured < low) | (measured > high))
+        away = np.flatnonzero(self._off_their_way(measured, reference))
         if away.size == 0:
             self._moved_counted = False
             return None
@@ -530,15 +551,41 @@ class ControlLoop:
                        f'last command ({far} from it): someone moved the robot; not resuming until it is back, '
                        'or ~/restart_from_measured is called', ERROR)
 
+    def _off_their_way(self, measured: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """Mark (J,) the joints beyond ``max_step`` of their way (where the last action left them to their point)."""
+        max_step = self._settings.limits.max_step
+        start = reference if self._commanded_at is None else self._commanded_at
+        low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
+        return (measured < low) | (measured > high)
+
+    def _hold_targets(self, now: float, reference: np.ndarray, yield_to_robot: bool) -> np.ndarray:
+        """
+        Return the hold's targets (T, J): the point executed now, or where the robot is.
+
+        Yielding, the tracked joints target their measured state (``_emit`` clamps the repeated
+        target into a walk at the step limit); the others, a gripper squeezing what it holds,
+        keep their point and their grip.
+        """
+        measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
+        if not yield_to_robot or measured is None:
+            return reference[None, :]
+        target = np.where(np.isinf(self._settings.limits.max_tracking_error), reference, measured)
+        steps = np.abs(target - reference) / self._settings.limits.max_delta(self._settings.dt)
+        count = min(MAX_HOLD_POINTS, max(1, math.ceil(float(steps.max()) - 1e-9)))
+        return np.repeat(target[None, :], count, axis=0)
+
     def _not_following(self, now: float, reference: np.ndarray) -> Refusal | None:
         """
-        Refuse to command while a joint is measured beyond ``max_tracking_error`` from its point.
+        Refuse to command once a joint was measured beyond ``max_tracking_error`` from its point.
 
         Such a joint does not follow what its controller is told: the controller is off (switched
         by a controller manager), the joint is blocked, or someone pushes it. Stepping on from
-        its point would pile up that distance for the moment it follows again, so the loop holds
-        (at that point: no further than it already goes) until the joint is back within reach.
+        its point would pile up that distance for the moment it follows again. The loop holds,
+        walking the setpoint back to the joint (a blocked joint stops pushing, a pushed one
+        yields), and stays latched, as a protective stop, until an operator restarts it.
         """
+        if self._not_following_fault is not None:
+            return self._not_following_fault
         limit = self._settings.limits.max_tracking_error
         if np.isinf(limit).all():
             return None
@@ -550,11 +597,13 @@ class ControlLoop:
             return None
         far = ', '.join(f'{self._settings.joint_names[i]} {measured[i] - reference[i]:+.3f} '
                         f'(max {limit[i]:g})' for i in off[:8])
-        return Refusal(f'joints do not follow the command, measured beyond max_tracking_error from the point '
-                       f'their controller executes ({far}): is a controller switched off, a joint blocked, or '
-                       'someone moving the robot? Not commanding until they are back within it, or '
-                       '~/restart_from_measured is called', ERROR,
-                       counter='tracking_error_holds')
+        self._not_following_fault = Refusal(
+            f'joints do not follow the command, measured beyond max_tracking_error from the point their '
+            f'controller executes ({far}): is a controller switched off, a joint blocked, or someone moving '
+            'the robot? Holding where they are until ~/restart_from_measured is called',
+            ERROR, yield_to_robot=True)
+        self._counters['tracking_error_holds'] += 1
+        return self._not_following_fault
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
         """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""
@@ -634,18 +683,24 @@ class ControlLoop:
 
         The way back from a hold the loop will not leave by itself (the robot moved during it,
         or stayed behind its controller): the operator has checked the robot, and the next
-        command starts a segment from where it is measured, as after a lost subscriber.
-        Refused while commanding (nothing to restart) and without a fresh joint state.
+        command starts a segment from where it is measured, as after a lost subscriber, for
+        the joints with a tracking error checked and those moved off their way. The others,
+        on their way, keep stepping from their point: a gripper squeezing what it holds keeps
+        its grip. Refused while commanding (nothing to restart) and without a fresh joint state.
         """
         with self._lock:
             if self._stopped:
                 return 'the control loop is stopped'
             if self._hold_reason is None:
                 return 'commanding: there is no hold to restart from'
-            if self._inputs.fresh_positions(now, self._settings.max_observation_age) is None:
+            measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
+            if measured is None:
                 return 'no fresh joint state to start from'
-            self._unheard[:] = True
+            reference = self._reference(now)            # fresh measured: never None here
+            self._unheard |= np.isfinite(self._settings.limits.max_tracking_error)
+            self._unheard |= self._off_their_way(measured, reference)
             self._moved_counted = False
+            self._not_following_fault, self._yielded = None, False
             reason = self._hold_reason
         self._log('info', f'restarting from the measured joint state (was holding: {reason})')
         return None

@@ -174,7 +174,7 @@ class PolicyWiring:
         return ControlLoop(
             loop_settings(settings), scheduler_config(settings, horizon),
             joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
-            on_chunk_ready=self._chunk_ready.trigger)
+            on_chunk_ready=self._chunk_ready.trigger, envelope=self._envelope)
 
     def _sim_time(self) -> bool:
         return bool(self.get_parameter('use_sim_time').value)
