@@ -359,8 +359,9 @@ def test_a_robot_moved_by_hand_during_a_hold_is_not_commanded_until_it_is_back()
     hold_on_a_policy_fault(rig, [0.3, 0.3, 0.3])
     assert rig.sent[-1][1] is None, 'the hold'
     sent = len(rig.sent)
-    for _ in range(6):                  # hand-guided to 1.0 while holding; the policy answers again
-        rig.step([1.0, 0.3, 0.3], chunk=ramp(1.0, 0.3))
+    for k in range(6):                  # hand-guided to 1.0 while holding; the policy answers now and then
+        rig.step([1.0, 0.3, 0.3], chunk=ramp(1.0, 0.3) if k % 3 == 0 else None)
+        assert k == 0 or rig.loop.status(rig.now, 1.0).level == ERROR, 'the ERROR stays while the robot is away'
     assert len(rig.sent) == sent, 'nothing after the hold'
     status = rig.loop.status(rig.now, 1.0)
     assert status.level == ERROR and 'someone moved the robot' in status.state and 'shoulder +0.700' in status.state

@@ -413,7 +413,12 @@ class ControlLoop:
         if clock is not None:
             return clock
         problem = self._inputs.problem(now, self._settings.max_observation_age)
-        return None if problem is None else Refusal(problem)
+        if problem is not None:
+            return Refusal(problem)
+        if self._hold_reason is not None and self._sent is not None:   # the ERROR stays while it lasts
+            reference = self._reference(now)
+            return None if reference is None else self._moved_during_hold(now, reference)
+        return None
 
     def _request_chunk(self, now: float) -> None:
         if self._scheduler.needs_chunk() and not self._inference.busy:
