@@ -3,9 +3,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from vla_policy_node.core.attention import additive_mask, attention, make_att_2d_masks
-from vla_policy_node.core.blocks import DecoderLayer, DecoderSpec, sinusoidal_time_embedding
+from vla_policy_node.core.attention import (additive_mask, attention, fixed_kv_attention, fixed_kv_layout,
+                                            make_att_2d_masks)
+from vla_policy_node.core.blocks import DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
 from vla_policy_node.core.flow import euler_integrate, euler_schedule
 from vla_policy_node.core.prefix_cache import VLAPrefixCache
 from vla_policy_node.core.rope import rope_cos_sin
@@ -108,3 +110,28 @@ def test_vision_tower_matches_transformers_siglip():
         want = ref(pixel_values=px).last_hidden_state
         for backend in ("eager", "sdpa"):
             torch.testing.assert_close(ours(px, backend=backend), want, atol=2e-5, rtol=0)
+
+
+def test_attention_over_a_fixed_kv_layout_equals_sdpa():
+    """The eager CPU denoising path for narrow heads: K/V laid out once, then baddbmm, softmax, bmm."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 5, 16, generator=g)
+    k, v = torch.randn(2, 2, 7, 16, generator=g), torch.randn(2, 2, 7, 16, generator=g)
+    pad = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    for allowed in (pad[:, None, :].expand(2, 5, 7), torch.zeros(2, 5, 7, dtype=torch.bool)):
+        mask = additive_mask(allowed, torch.float32)
+        fixed = fixed_kv_attention(q, *fixed_kv_layout(k, v, mask, num_heads=4))
+        torch.testing.assert_close(fixed, attention(q, k, v, mask, "sdpa"), atol=1e-6, rtol=0)
+        assert torch.isfinite(fixed).all()
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_on_the_cpu_equals_the_library_kernel_and_follows_its_weight(offset):
+    g = torch.Generator().manual_seed(2)
+    norm = RMSNorm(48, 1e-6, offset=offset)
+    x = torch.randn(3, 50, 48, generator=g)
+    with torch.no_grad():
+        for _ in range(2):              # the second time after the weight changed in place
+            norm.weight.normal_(generator=g)
+            expected = F.rms_norm(x, (48,), None, norm.eps) * (offset + norm.weight)
+            torch.testing.assert_close(norm(x)[0], expected, atol=0, rtol=2e-6)

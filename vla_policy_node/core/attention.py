@@ -18,6 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 BACKENDS = ("eager", "sdpa")
+FIXED_KV_MAX_HEAD_DIM = 32   # wider heads: CPU flash attention wins (SmolVLA's 64: 0.37-0.69x at batch 4)
+FIXED_KV_SDPA = "sdpa_fixed_kv"
+"""A backend a family may pass for attention over a frozen prefix cache: ``VLAPrefixCache``
+lays the prefix K/V out once (``fixed_kv_layout``) and attends with ``fixed_kv_attention``
+where it can (CPU, float32, no autograd), and runs ``sdpa`` elsewhere."""
 
 
 def make_att_2d_masks(pad_masks: Tensor, att_masks: Tensor) -> Tensor:
@@ -58,7 +63,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
     n_rep = q.shape[1] // k.shape[1]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if backend == "sdpa":
+    if backend in ("sdpa", FIXED_KV_SDPA):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale,
                                              enable_gqa=n_rep > 1)
         return out
@@ -93,4 +98,45 @@ def attention_split(q: Tensor, prefix_kv: tuple[Tensor, Tensor], suffix_kv: tupl
     scores = scores.view(b, h, lq, -1) * scale + mask.float()        # (B, H, Lq, Lp + Ls)
     probs = torch.softmax(scores, dim=-1).to(vp.dtype).view(b, groups, h // groups * lq, -1)
     out = probs[..., :lp] @ vp + probs[..., lp:] @ vs
+    return out.view(b, h, lq, d)
+
+
+def fixed_kv_layout(k: Tensor, v: Tensor, mask: Tensor, num_heads: int,
+                    scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """
+    K/V that stay fixed over many queries (attention to a frozen prefix), laid out once for ``fixed_kv_attention``.
+
+    k, v (B, H_kv, Lk, D); mask (B, 1, Lq, Lk) additive float. Returns, all contiguous:
+    k transposed and multiplied by the scale (B, H_kv, D, Lk), v (B, H_kv, Lk, D), and the
+    mask repeated for the query heads that share a K/V head (B, H_kv, n_rep * Lq, Lk). The
+    batch stays on dim 0, so a batch slice of them is still valid.
+    """
+    b, groups, lk, d = k.shape
+    n_rep = num_heads // groups
+    if scale is None:
+        scale = d ** -0.5
+    k_t = (k.transpose(-1, -2) * scale).contiguous()
+    return k_t, v.contiguous(), grouped_mask(mask, b, groups, n_rep)
+
+
+def grouped_mask(mask: Tensor, b: int, groups: int, n_rep: int) -> Tensor:
+    """(B or 1, 1, Lq, Lk) additive mask -> (B, groups, n_rep * Lq, Lk), contiguous: one per stacked query head."""
+    lq, lk = mask.shape[-2:]
+    return mask.expand(b, groups * n_rep, lq, lk).reshape(b, groups, n_rep * lq, lk).contiguous()
+
+
+def fixed_kv_attention(q: Tensor, k_t: Tensor, v: Tensor, grouped_mask: Tensor) -> Tensor:
+    """
+    Grouped-query attention over K/V laid out by ``fixed_kv_layout``: three kernels.
+
+    ``baddbmm`` adds the mask to the (pre-scaled) scores of the query heads that share a
+    K/V head, stacked; then softmax and ``bmm``. On the CPU with 50 queries and 16-wide
+    heads this is faster than the flash kernel, because the transpose, scale and mask
+    expansion are done once per prefix instead of at every call. q (B, H, Lq, D) -> (B, H, Lq, D).
+    """
+    b, h, lq, d = q.shape
+    groups, lk = k_t.shape[1], k_t.shape[-1]
+    qg = q.reshape(b * groups, h // groups * lq, d)
+    scores = torch.baddbmm(grouped_mask.view(b * groups, -1, lk), qg, k_t.view(b * groups, d, lk))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.view(b * groups, lk, d))
     return out.view(b, h, lq, d)

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .attention import attention, attention_split
+from .attention import attention, attention_split, FIXED_KV_SDPA, fixed_kv_attention, grouped_mask
 
 
 class ReadOnlyCacheError(RuntimeError):
@@ -47,6 +47,8 @@ class VLAPrefixCache:
         self._versions: tuple[int, ...] = ()
         self._scratch_k: list[Optional[Tensor]] = []
         self._scratch_v: list[Optional[Tensor]] = []
+        self._scratch_kt: list[Optional[Tensor]] = []          # (B, H_kv, D, Lp + Ls): K transposed, scaled
+        self._grouped_mask: Optional[tuple[Tensor, int, Tensor]] = None   # (mask, n_rep, mask per query head)
 
     # ------------------------------------------------------------------ state
     def __len__(self) -> int:
@@ -95,8 +97,43 @@ class VLAPrefixCache:
     def attend(self, q: Tensor, key_states: Tensor, value_states: Tensor, mask: Tensor, layer_idx: int,
                backend: str) -> Tensor:
         """Attention of q over this layer's keys after ``update``: the one call a decoder layer makes."""
+        if backend == FIXED_KV_SDPA and self._read_only and self._fixed_kv_applies(q, key_states, value_states):
+            return self._attend_fixed(q, key_states, value_states, mask, layer_idx)
         k, v = self.update(key_states, value_states, layer_idx)
         return attention(q, k, v, mask, backend)
+
+    @staticmethod
+    def _fixed_kv_applies(q: Tensor, key_states: Tensor, value_states: Tensor) -> bool:
+        return (q.device.type == "cpu" and q.dtype == key_states.dtype == torch.float32
+                and not (torch.is_grad_enabled() and (q.requires_grad or key_states.requires_grad
+                                                      or value_states.requires_grad)))
+
+    def _attend_fixed(self, q: Tensor, key_states: Tensor, value_states: Tensor, mask: Tensor,
+                      layer_idx: int) -> Tensor:
+        """
+        Attention over [prefix; suffix] with the prefix K laid out once per control step (``fixed_kv_layout``).
+
+        The per-layer buffers hold K transposed and scaled (B, H_kv, D, Lp + Ls) and V
+        (B, H_kv, Lp + Ls, D); the prefix part is written when the buffer is made (once
+        per freeze), each call writes only the suffix part. The mask, the same tensor at
+        every call, is repeated per query head once.
+        """
+        prefix_k, prefix_v = self._frozen_prefix(key_states, value_states, layer_idx)
+        b, groups, lp, d = prefix_k.shape
+        total = lp + key_states.shape[-2]
+        scale = d ** -0.5
+        k_t = self._scratch_kt[layer_idx]
+        if k_t is None or k_t.shape[-1] != total:
+            k_t = prefix_k.new_empty(b, groups, d, total)
+            torch.mul(prefix_k.transpose(-1, -2), scale, out=k_t[..., :lp])
+            self._scratch_kt[layer_idx] = k_t
+        torch.mul(key_states.transpose(-1, -2), scale, out=k_t[..., lp:])
+        v = self._into_scratch(self._scratch_v, prefix_v, value_states, layer_idx)
+        n_rep = q.shape[1] // groups
+        cached = self._grouped_mask
+        if cached is None or cached[0] is not mask or cached[1] != n_rep or cached[2].shape[-1] != total:
+            self._grouped_mask = cached = (mask, n_rep, grouped_mask(mask, b, groups, n_rep))
+        return fixed_kv_attention(q, k_t, v, cached[2])
 
     def freeze(self, num_layers: Optional[int] = None) -> None:
         """Make the cache read-only; ``num_layers`` is what the model expects."""
@@ -108,6 +145,8 @@ class VLAPrefixCache:
         self._versions = self._tensor_versions()
         self._scratch_k = [None] * len(self._keys)
         self._scratch_v = [None] * len(self._keys)
+        self._scratch_kt = [None] * len(self._keys)
+        self._grouped_mask = None
         self._read_only = True
 
     def reset(self) -> None:
@@ -115,7 +154,8 @@ class VLAPrefixCache:
         self._read_only = False
         self._keys, self._values = [], []
         self._versions = ()
-        self._scratch_k, self._scratch_v = [], []
+        self._scratch_k, self._scratch_v, self._scratch_kt = [], [], []
+        self._grouped_mask = None
 
     def _tensor_versions(self) -> tuple[int, ...]:
         # Inference-mode tensors carry no version counter; torch itself refuses
@@ -136,8 +176,8 @@ class VLAPrefixCache:
         return states[..., -window:, :]
 
     # -------------------------------------------------------------- read-only
-    def _read_only_update(self, key_states: Tensor, value_states: Tensor,
-                          layer_idx: int) -> tuple[Tensor, Tensor]:
+    def _frozen_prefix(self, key_states: Tensor, value_states: Tensor, layer_idx: int) -> tuple[Tensor, Tensor]:
+        """Return this layer's frozen prefix (K, V), checked unmodified and able to take these suffix states."""
         self._check_index(layer_idx, len(self._keys) - 1)
         prefix_k, prefix_v = self._keys[layer_idx], self._values[layer_idx]
         if not prefix_k.is_inference() and (
@@ -146,6 +186,11 @@ class VLAPrefixCache:
             raise ReadOnlyCacheError(f"frozen prefix cache layer {layer_idx} was modified in place")
         self.check_suffix(key_states, layer_idx)
         self.check_suffix(value_states, layer_idx)
+        return prefix_k, prefix_v
+
+    def _read_only_update(self, key_states: Tensor, value_states: Tensor,
+                          layer_idx: int) -> tuple[Tensor, Tensor]:
+        prefix_k, prefix_v = self._frozen_prefix(key_states, value_states, layer_idx)
         if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
             # Autograd (guided denoising) must not see buffers that later steps overwrite.
             return torch.cat([prefix_k, key_states], -2), torch.cat([prefix_v, value_states], -2)

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import additive_mask, attention, make_att_2d_masks
+from ..attention import (additive_mask, attention, FIXED_KV_MAX_HEAD_DIM, FIXED_KV_SDPA, fixed_kv_attention,
+                         fixed_kv_layout, make_att_2d_masks)
 from ..blocks import check_flow_config, DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..rope import apply_rope, rope_cos_sin
@@ -300,13 +301,33 @@ class SmolVLA(nn.Module):
             flat = [t.transpose(1, 2).reshape(b, t.shape[2], -1) for t in (k, v)]
             cross_kv.append((proj.split(proj.k_proj(flat[0]), proj.num_kv_heads),
                              proj.split(proj.v_proj(flat[1]), proj.num_kv_heads)))
-        return {
+        cross_mask = additive_mask(pad[:, None, :].expand(b, T, pad.shape[1]), self.dtype)
+        extras = {
             "self_mask": additive_mask(self_allowed, self.dtype),
-            "cross_mask": additive_mask(pad[:, None, :].expand(b, T, pad.shape[1]), self.dtype),
+            "cross_mask": cross_mask,
             "self_rope": rope_cos_sin(offsets + steps, head_dim, base),
             "cross_rope": rope_cos_sin(steps.expand(b, T), head_dim, base),
             "cross_kv": cross_kv,
         }
+        if self._fixed_kv_attention(device):
+            # The cross-attention K/V and mask are the same at every denoising step: lay them out
+            # once here (K transposed and scaled, the mask repeated per query head) instead of
+            # letting the flash kernel redo it at each of the num_steps calls.
+            extras["cross_fixed"] = [None if kv is None else
+                                     list(fixed_kv_layout(kv[0], kv[1], cross_mask, self.config.expert.num_heads))
+                                     for kv in cross_kv]
+        return extras
+
+    def _fixed_kv_attention(self, device: torch.device) -> bool:
+        """
+        Whether eager CPU float32 denoising attends through ``fixed_kv_attention`` (K/V laid out once per prefix).
+
+        Only for heads at most FIXED_KV_MAX_HEAD_DIM wide, where CPU flash attention is slow:
+        measured 1.17-1.33x faster than SDPA at 16- and 32-wide heads (batch 1-4, 50 queries),
+        but 0.37-0.69x at SmolVLA's 64-wide heads at batch 4 (BENCHMARKS.md).
+        """
+        return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32
+                and self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM and not torch.compiler.is_compiling())
 
     # ----------------------------------------------------------------- suffix
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
@@ -320,10 +341,13 @@ class SmolVLA(nn.Module):
         h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([a, t], dim=2))))
         h = h.to(self.dtype)
         ex = ctx.extras
+        self_backend = FIXED_KV_SDPA if self._fixed_kv_attention(h.device) else self.backend
         for n, i in enumerate(sorted(self.expert_at)):
             layer = self.expert_layers[self.expert_at[i]]
             if ex["cross_kv"][n] is None:
-                h = layer(h, ex["self_rope"], ex["self_mask"], ctx.cache, i, self.backend)
+                h = layer(h, ex["self_rope"], ex["self_mask"], ctx.cache, i, self_backend)
+            elif ex.get("cross_fixed") is not None:
+                h = self._cross_layer_fixed(layer, h, ex["cross_rope"], ex["cross_fixed"][n])
             else:
                 h = self._cross_layer(layer, h, ex["cross_rope"], ex["cross_mask"], ex["cross_kv"][n])
         h, _ = self.expert_norm(h)
@@ -334,6 +358,14 @@ class SmolVLA(nn.Module):
         h, _ = layer.input_layernorm(x)
         q = apply_rope(layer.self_attn.q(h), *rope)
         x = x + layer.self_attn.out(attention(q, kv[0], kv[1], mask, self.backend))
+        return layer.mlp_block(x)
+
+    def _cross_layer_fixed(self, layer: DecoderLayer, x: Tensor, rope: tuple[Tensor, Tensor],
+                           fixed: list[Tensor]) -> Tensor:
+        """``_cross_layer`` with the K/V and mask laid out once per prefix (``fixed_kv_layout``)."""
+        h, _ = layer.input_layernorm(x)
+        q = apply_rope(layer.self_attn.q(h), *rope)
+        x = x + layer.self_attn.out(fixed_kv_attention(q, *fixed))
         return layer.mlp_block(x)
 
 
