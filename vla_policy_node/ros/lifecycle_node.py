@@ -79,6 +79,20 @@ def _transition(callback: Callable[[Any, LifecycleState], TransitionCallbackRetu
     return run
 
 
+def _while_active(refusal: str) -> Callable:
+    """Answer a Trigger service only while active; otherwise refuse it with ``refusal``."""
+    def wrap(handler: Callable[[Any, Trigger.Request, Trigger.Response], Trigger.Response]) -> Callable:
+        @functools.wraps(handler)
+        def answer(self: VlaPolicyLifecycleNode, request: Trigger.Request,
+                   response: Trigger.Response) -> Trigger.Response:
+            if self._active:
+                return handler(self, request, response)
+            response.success, response.message = False, refusal
+            return response
+        return answer
+    return wrap
+
+
 class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
     """Loads on configure, commands only while active, frees the policy on cleanup."""
 
@@ -255,19 +269,13 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         if self._worker is not None:
             super()._on_diagnostics_tick()
 
+    @_while_active('not active: there is no episode to reset')
     def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._active:
-            return super()._on_reset_episode(request, response)
-        response.success = False
-        response.message = 'not active: there is no episode to reset'
-        return response
+        return super()._on_reset_episode(request, response)
 
+    @_while_active('not active: activating starts from the measured joint state')
     def _on_restart_from_measured(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        if self._active:
-            return super()._on_restart_from_measured(request, response)
-        response.success = False
-        response.message = 'not active: activating starts from the measured joint state'
-        return response
+        return super()._on_restart_from_measured(request, response)
 
     def _on_watchdog(self) -> None:
         if self._active:
