@@ -522,20 +522,22 @@ def tracking(*per_joint: float) -> MotionLimits:
                         np.array(per_joint))
 
 
-def test_a_controller_switched_off_while_commanding_holds_instead_of_piling_up_the_distance():
-    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+@pytest.mark.parametrize('plan_points', [0, 1])
+def test_a_controller_switched_off_while_commanding_holds_instead_of_piling_up_the_distance(plan_points):
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf), plan_points=plan_points)
     for k in range(3):                         # the arm follows the ramp to 0.6
         rig.step([0.1 * k, 0.1 * k, 0.3], chunk=ramp(0.6, 0.0))
     sent = len(rig.sent)
     for _ in range(8):                         # its controller is switched off: it stays at 0.2
         rig.step([0.2, 0.2, 0.3], chunk=ramp(0.6, 0.0))
-    holds = [(i, points) for i, (points, times) in enumerate(rig.sent) if times is None]
-    assert len(holds) == 1 and holds[0][0] == len(rig.sent) - 1, 'one hold, then nothing'
+    first_hold = next(i for i, (points, times) in enumerate(rig.sent) if times is None)
+    assert all(times is None and len(points) == 1 for points, times in rig.sent[first_hold:]), \
+        'holds of one point each, so a forward command controller walks too'
     assert np.all(np.abs(rig.commands()[sent:, 0] - 0.2) <= 0.25 + 0.1 + 1e-12), \
         'never more than max_tracking_error (and the step that found it) ahead of the arm'
-    walk = np.vstack([rig.sent[-2][0][0], holds[0][1]])
-    assert np.all(np.abs(np.diff(walk, axis=0)) <= 0.1 + 1e-12), walk
-    np.testing.assert_allclose(walk[-1, :2], [0.2, 0.2], err_msg='the hold walks back to where the arm is')
+    walk = rig.commands()[first_hold - 1:]
+    assert len(walk) > 2 and np.all(np.abs(np.diff(walk, axis=0)) <= 0.1 + 1e-12), walk
+    np.testing.assert_allclose(walk[-1, :2], [0.2, 0.2], err_msg='the setpoint walks back to where the arm is')
     assert np.all(walk[1:, 2] == walk[0, 2]), 'the unchecked gripper keeps its point'
     status = rig.loop.status(rig.now, 1.0)
     assert status.level == ERROR and 'do not follow the command' in status.state
@@ -563,12 +565,11 @@ def test_a_resume_refused_for_a_joint_left_behind_yields_to_it_too():
     rig.now += DT
     rig.wall += DT
     sent = len(rig.sent)
-    for _ in range(3):                                  # pushed back to 0.1 (on its way: no 'moved')
+    for _ in range(6):                                  # pushed back to 0.1 (on its way: no 'moved')
         rig.step([0.1, 0.1, 0.0], chunk=ramp(0.6, 0.0))
     assert 'do not follow the command' in rig.state()
-    points, times = rig.sent[sent]
-    assert times is None and len(rig.sent) == sent + 1
-    np.testing.assert_allclose(points[-1, :2], [0.1, 0.1])
+    assert all(times is None for _, times in rig.sent[sent:])
+    np.testing.assert_allclose(rig.commands()[-1, :2], [0.1, 0.1])
 
 
 def test_a_joint_not_tracked_may_stay_behind_its_command():
@@ -622,3 +623,53 @@ def test_an_operator_restarts_a_loop_that_refuses_to_resume_from_where_the_robot
     assert np.all(np.abs(rig.commands()[sent] - [1.0, 1.0, 0.0]) <= 0.1 + 1e-12), 'from where it is'
     assert rig.loop.stop(rig.now)
     assert rig.loop.restart_from_measured(rig.now) == 'the control loop is stopped'
+
+
+def latched_rig() -> Rig:
+    """Latch a loop in a protective stop: the arm stays at 0.2 while its points run on."""
+    rig = Rig(limits=tracking(0.25, 0.25, np.inf))
+    for k in range(3):
+        rig.step([0.1 * k, 0.1 * k, 0.0], chunk=ramp(0.6, 0.0))
+    while 'do not follow' not in rig.state():
+        rig.step([0.2, 0.2, 0.0], chunk=ramp(0.6, 0.0))
+    return rig
+
+
+def test_a_stop_during_the_walk_back_sends_the_rest_of_the_walk():
+    rig = latched_rig()
+    assert rig.loop.stop(rig.now)
+    points, times = rig.sent[-1]
+    assert times is None and len(points) > 1, 'the trajectory controller finishes the walk on its own'
+    chain = np.vstack([rig.sent[-2][0][0], points])
+    assert np.all(np.abs(np.diff(chain, axis=0)) <= 0.1 + 1e-12), chain
+    np.testing.assert_allclose(points[-1, :2], [0.2, 0.2])
+
+
+def test_a_protective_stop_stays_the_reason_whatever_else_holds():
+    rig = latched_rig()
+    rig.wall += 1.0                             # the loop clock stops
+    rig.loop.watchdog(rig.now)
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and 'do not follow the command' in status.state and 'no control tick' in status.state
+
+
+def test_after_the_clock_goes_back_the_hold_repeats_the_point_the_controllers_run():
+    rig = Rig(plan_points=0)
+    chunk = np.column_stack([0.1 * np.arange(1, 5)] * 3)
+    rig.step([0.0, 0.0, 0.0], chunk=chunk)
+    rig.step([0.0, 0.0, 0.0])
+    points, times = rig.sent[-1]
+    assert times is not None and len(points) >= 3
+    rig.loop.set_command_link(subscribers=1, other_publishers=1)     # nothing sent for three more periods
+    for _ in range(3):
+        rig.now += DT
+        rig.loop.tick(rig.now)
+    rig.now -= 5.0                              # a simulator reset: the loop clock goes back
+    rig.loop.tick(rig.now)
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.set_command_link(subscribers=1, other_publishers=0)
+    assert rig.loop.stop(rig.now)
+    hold, times = rig.sent[-1]
+    assert times is None
+    due = points[min(3, len(points) - 1)]       # point i is due (i + 1) periods after it left: four ticks
+    np.testing.assert_allclose(hold[0], due, err_msg='the hold repeats the point executed, not the first')

@@ -37,9 +37,9 @@ caller of ``sink``. It guarantees, for every published point:
 * while commanding, never for a joint measured further than ``max_tracking_error`` from the
   point its controller executes (when set): it does not follow (a controller switched off, a
   joint blocked or pushed), and stepping on would leave its controller that far ahead of it
-  when it follows again. The loop sends one hold that walks the checked joints back to where
-  they are, at the step limit, and stays latched (a protective stop) until an operator's
-  :meth:`ControlLoop.restart_from_measured`;
+  when it follows again. The loop holds, stepping the checked joints' setpoint back to where
+  they were found, one step per period (a last hold sends the rest of the way at once), and
+  stays latched (a protective stop) until an operator's :meth:`ControlLoop.restart_from_measured`;
 * computed from observations at most ``max_action_age`` old at the time it is to execute
   (holds repeat the point being executed, or the measured state, and compute nothing).
 
@@ -79,7 +79,7 @@ LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clam
                  'rejected_inputs', 'stale_actions_refused', 'unreachable_commands', 'moved_robot_refusals',
                  'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds')
 LOG_PERIOD_S = 2.0
-MAX_HOLD_POINTS = 100       # a hold that walks back to the robot: at most this many periods
+MAX_HOLD_POINTS = 1000      # a last hold walking back to where the robot was found: at most this many
 
 
 class Inference(Protocol):
@@ -104,7 +104,6 @@ class Refusal:
     reason: str
     level: int = WARN
     counter: str | None = None      # counted when it starts a hold
-    yield_to_robot: bool = False    # the hold walks back to the measured state (stop pushing)
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ class ControlLoop:
         self._commanded_at: np.ndarray | None = None  # measured when the last action left
         self._moved_counted = False                   # this refusal counted in moved_robot_refusals
         self._not_following_fault: Refusal | None = None   # latched until an operator's restart
-        self._yielded = False                         # its hold, walking back to the robot, was sent
+        self._yield_target: np.ndarray | None = None  # while latched: the setpoint walks here (J,)
         self._hold_reason: str | None = 'starting'
         self._hold_level = WARN
         self._policy_fault: str | None = None
@@ -290,7 +289,8 @@ class ControlLoop:
     def wants_observation(self) -> bool:
         """Tell whether a fresh frame would start a request now (worth decoding it at once)."""
         with self._lock:
-            return not self._stopped and self._scheduler.needs_chunk() and not self._inference.busy
+            return (not self._stopped and self._not_following_fault is None and self._scheduler.needs_chunk()
+                    and not self._inference.busy)
 
     def on_image(self, camera: str, rgb: np.ndarray, now: float, stamp: float | None) -> None:
         """Store a converted frame; with all inputs healthy it may start a request at once."""
@@ -373,7 +373,8 @@ class ControlLoop:
                 self._hold(now, Refusal(self._policy_fault or 'waiting for actions from the policy'))
             else:
                 self._command(now, plan)
-            self._request_chunk(now)
+            if self._not_following_fault is None:      # a protective stop asks nothing more of the policy
+                self._request_chunk(now)
 
     def _clock_went_back(self, seconds: float) -> None:
         """
@@ -383,6 +384,7 @@ class ControlLoop:
         loop holds (and drops its plan) at this tick and commands only from new messages.
         """
         reason = f'the loop clock went back by {seconds:.3f} s (simulation reset?): waiting for new messages'
+        self._sent_at -= seconds            # the controllers still run through the last message
         for stream in (*self._settings.camera_names, JOINT_STATES):
             self._inputs.reject(stream, reason)
         self._limited_log('clock', 'warning', reason)
@@ -445,27 +447,39 @@ class ControlLoop:
         """
         Stop commanding; on the transition, send one hold command and log why.
 
-        A hold that yields to the robot is sent once per latch even while already holding: a
-        resume refused for a joint that does not follow must still stop its controller pushing.
+        While a protective stop is latched it stays the reason (another cause is appended), and
+        every tick sends one more step of the walk back to where the joints were found, until
+        the setpoint is there: one point per message, so a forward command controller walks too.
         """
-        yield_now = why.yield_to_robot and not self._yielded
-        if self._hold_reason is None or yield_now:
-            if why.counter is not None and self._hold_reason is None:
+        latch = self._not_following_fault
+        if latch is not None and why is not latch:
+            why = Refusal(f'{latch.reason} (also: {why.reason})', ERROR, why.counter)
+        if self._hold_reason is None:
+            if why.counter is not None:
                 self._counters[why.counter] += 1
-            problem = self._emit(now, None, why.yield_to_robot)
-            self._yielded = self._yielded or (yield_now and problem is None)
+            problem = self._emit(now, None)
             suffix = f' (no hold sent: {problem.reason})' if problem and problem is not why else ''
             self._log('warning', f'holding: {why.reason}{suffix}')
-        elif why.reason != self._hold_reason:
-            self._limited_log('hold', 'warning', f'holding: {why.reason}')
+        else:
+            if why.reason != self._hold_reason:
+                self._limited_log('hold', 'warning', f'holding: {why.reason}')
+            if latch is not None and not self._walked_back(now):
+                self._emit(now, None)
         self._hold_reason, self._hold_level = why.reason, why.level
 
-    def _emit(self, now: float, plan: Plan | None, yield_to_robot: bool = False) -> Refusal | None:
+    def _walked_back(self, now: float) -> bool:
+        """Tell whether the setpoint executed now is where a latched stop walks it (inside the limits)."""
+        reference = self._reference(now)
+        limits = self._settings.limits
+        goal = np.clip(self._yield_target, limits.lower, limits.upper)
+        return reference is None or bool(np.all(np.abs(reference - goal) <= 1e-12))
+
+    def _emit(self, now: float, plan: Plan | None, walk: bool = False) -> Refusal | None:
         """
         Send ``plan`` (None: a hold) through every check, or nothing; why not, or None if sent.
 
-        A hold repeats the point executed now; ``yield_to_robot``: it walks from there to the
-        measured state at the step limit, so a controller ahead of its joint stops pushing.
+        A hold repeats the point executed now; latched, it steps from there toward where the
+        joints were found (``walk``: the whole way, for a last hold).
 
         The only caller of the sink. See the module docstring for what it guarantees.
         """
@@ -476,8 +490,8 @@ class ControlLoop:
         reference = self._reference(now)
         if reference is None:
             return Refusal('no fresh joint position to start from')
-        if self._hold_reason is not None and self._sent is not None:   # after a hold, a final one too
-            moved = self._moved_during_hold(now, reference)
+        if self._hold_reason is not None and self._sent is not None and self._yield_target is None:
+            moved = self._moved_during_hold(now, reference)   # after a hold, a final one too
             if moved is not None:
                 return moved
         if plan is not None:
@@ -485,7 +499,7 @@ class ControlLoop:
             if lagging is not None:
                 return lagging
         if plan is None:
-            targets, obs_times = self._hold_targets(now, reference, yield_to_robot), None
+            targets, obs_times = self._hold_targets(reference, walk), None
         else:
             targets = self._fresh_rows(now, plan)
             if targets is None:
@@ -528,6 +542,8 @@ class ControlLoop:
 
     def _periods_since_sent(self, now: float) -> int:
         """Return the index of the point of the last message due now (point i at (i + 1) periods)."""
+        if self._clock_now is not None and now < self._clock_now:     # went back since the last tick
+            now = self._clock_now
         due = int(round((now - self._sent_at) / self._settings.dt)) - 1
         return min(max(due, 0), len(self._sent) - 1)
 
@@ -563,21 +579,20 @@ class ControlLoop:
         low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
         return (measured < low) | (measured > high)
 
-    def _hold_targets(self, now: float, reference: np.ndarray, yield_to_robot: bool) -> np.ndarray:
+    def _hold_targets(self, reference: np.ndarray, walk: bool) -> np.ndarray:
         """
-        Return the hold's targets (T, J): the point executed now, or where the robot is.
+        Return the hold's targets (T, J): the point executed now, or, latched, where the joints were found.
 
-        Yielding, the tracked joints target their measured state (``_emit`` clamps the repeated
-        target into a walk at the step limit); the others, a gripper squeezing what it holds,
-        keep their point and their grip.
+        ``_emit`` clamps them to one step from the point executed now (``walk``: repeated into
+        a walk at the step limit, for a last hold after which no tick continues it).
         """
-        measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
-        if not yield_to_robot or measured is None:
+        if self._yield_target is None:
             return reference[None, :]
-        target = np.where(np.isinf(self._settings.limits.max_tracking_error), reference, measured)
-        steps = np.abs(target - reference) / self._settings.limits.max_delta(self._settings.dt)
+        if not walk:
+            return self._yield_target[None, :]
+        steps = np.abs(self._yield_target - reference) / self._settings.limits.max_delta(self._settings.dt)
         count = min(MAX_HOLD_POINTS, max(1, math.ceil(float(steps.max()) - 1e-9)))
-        return np.repeat(target[None, :], count, axis=0)
+        return np.repeat(self._yield_target[None, :], count, axis=0)
 
     def _not_following(self, now: float, reference: np.ndarray) -> Refusal | None:
         """
@@ -586,8 +601,9 @@ class ControlLoop:
         Such a joint does not follow what its controller is told: the controller is off (switched
         by a controller manager), the joint is blocked, or someone pushes it. Stepping on from
         its point would pile up that distance for the moment it follows again. The loop holds,
-        walking the setpoint back to the joint (a blocked joint stops pushing, a pushed one
-        yields), and stays latched, as a protective stop, until an operator restarts it.
+        walking the tracked joints' setpoint back to where they were found (a blocked joint stops
+        pushing; the others keep their point, a gripper its grip), and stays latched, as a
+        protective stop, until an operator restarts it.
         """
         if self._not_following_fault is not None:
             return self._not_following_fault
@@ -605,8 +621,9 @@ class ControlLoop:
         self._not_following_fault = Refusal(
             f'joints do not follow the command, measured beyond max_tracking_error from the point their '
             f'controller executes ({far}): is a controller switched off, a joint blocked, or someone moving '
-            'the robot? Holding where they are until ~/restart_from_measured is called',
-            ERROR, yield_to_robot=True)
+            'the robot? Protective stop: the setpoint walks back to where they were found; nothing is '
+            'commanded until ~/restart_from_measured is called (lifecycle node: or re-activated)', ERROR)
+        self._yield_target = np.where(np.isinf(limit), reference, measured)
         self._counters['tracking_error_holds'] += 1
         return self._not_following_fault
 
@@ -705,7 +722,7 @@ class ControlLoop:
             self._unheard |= np.isfinite(self._settings.limits.max_tracking_error)
             self._unheard |= self._off_their_way(measured, reference)
             self._moved_counted = False
-            self._not_following_fault, self._yielded = None, False
+            self._not_following_fault, self._yield_target = None, None
             reason = self._hold_reason
         self._log('info', f'restarting from the measured joint state (was holding: {reason})')
         return None
@@ -717,7 +734,7 @@ class ControlLoop:
                 return False
             self._stopped = True
             self._discard_plan()
-            problem = self._emit(now, None)
+            problem = self._emit(now, None, walk=True)
             self._hold_reason = 'stopped'
             return problem is None
 

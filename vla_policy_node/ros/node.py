@@ -321,7 +321,8 @@ class PolicyWiring:
                                   response: Trigger.Response) -> Trigger.Response:
         refused = self._loop.restart_from_measured(self._now())
         response.success = refused is None
-        response.message = refused or 'the next command steps from the measured joint state'
+        response.message = refused or ('the next command steps from the measured joint state (the joints with '
+                                       'a tracking error checked and those moved off their way)')
         return response
 
     # ------------------------------------------------------------------ parameters
