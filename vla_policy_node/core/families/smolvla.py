@@ -346,26 +346,19 @@ class SmolVLA(nn.Module):
             layer = self.expert_layers[self.expert_at[i]]
             if ex["cross_kv"][n] is None:
                 h = layer(h, ex["self_rope"], ex["self_mask"], ctx.cache, i, self_backend)
-            elif ex.get("cross_fixed") is not None:
-                h = self._cross_layer_fixed(layer, h, ex["cross_rope"], ex["cross_fixed"][n])
             else:
-                h = self._cross_layer(layer, h, ex["cross_rope"], ex["cross_mask"], ex["cross_kv"][n])
+                fixed = ex["cross_fixed"][n] if "cross_fixed" in ex else None
+                h = self._cross_layer(layer, h, ex["cross_rope"], ex["cross_mask"], ex["cross_kv"][n], fixed)
         h, _ = self.expert_norm(h)
         return self.action_out_proj(h.float())
 
     def _cross_layer(self, layer: DecoderLayer, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor,
-                     kv: tuple[Tensor, Tensor]) -> Tensor:
+                     kv: tuple[Tensor, Tensor], fixed: Optional[list[Tensor]] = None) -> Tensor:
+        """Cross-attention to the prefix K/V; ``fixed``: the same laid out once per prefix (``fixed_kv_layout``)."""
         h, _ = layer.input_layernorm(x)
         q = apply_rope(layer.self_attn.q(h), *rope)
-        x = x + layer.self_attn.out(attention(q, kv[0], kv[1], mask, self.backend))
-        return layer.mlp_block(x)
-
-    def _cross_layer_fixed(self, layer: DecoderLayer, x: Tensor, rope: tuple[Tensor, Tensor],
-                           fixed: list[Tensor]) -> Tensor:
-        """``_cross_layer`` with the K/V and mask laid out once per prefix (``fixed_kv_layout``)."""
-        h, _ = layer.input_layernorm(x)
-        q = apply_rope(layer.self_attn.q(h), *rope)
-        x = x + layer.self_attn.out(fixed_kv_attention(q, *fixed))
+        out = attention(q, kv[0], kv[1], mask, self.backend) if fixed is None else fixed_kv_attention(q, *fixed)
+        x = x + layer.self_attn.out(out)
         return layer.mlp_block(x)
 
 
