@@ -261,13 +261,17 @@ def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
     assert np.isfinite(policy.predict_action_chunk(policy.dummy_observation())).all()
 
 
-@pytest.mark.parametrize("compiled_s, kept_compiled, threads", [(0.02, False, 1), (0.002, True, None)])
+@pytest.mark.parametrize("compiled_s, kept_compiled, threads", [(0.04, False, 1), (0.002, True, None)])
 def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s, kept_compiled, threads):
-    """Eager is 30 ms with 2 threads but 5 ms with 1: compiled code at 20 ms loses to the eager that won its race."""
+    """
+    Eager is 60 ms with 2 threads but 20 ms with 1: compiled code at 40 ms loses to the eager that won its race.
+
+    The margins are wide (each call also runs the real eager chunk, whose time varies on a loaded machine).
+    """
     from vla_policy_node.core.policy import cpu_threads
 
     policy = timed_compile(
-        monkeypatch, lambda compiled, rows: compiled_s if compiled else 0.005 if torch.get_num_threads() == 1 else 0.03)
+        monkeypatch, lambda compiled, rows: compiled_s if compiled else 0.02 if torch.get_num_threads() == 1 else 0.06)
     runtime = policy.runtime
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
