@@ -92,9 +92,13 @@ lint: install
 
 # On a CUDA machine (under 5 minutes): the CUDA tests, SmolVLA f32/bf16 with and without CUDA
 # graphs, pi0 bf16 with 1 and 3 cameras, and one table of the GPU goals; stops at once without CUDA.
+# No install step: it needs no ROS, only a Python whose torch is a CUDA build (the venv's, when
+# there is one, else the machine's python3; GPU_PYTHON=... to choose), so it runs offline on a
+# GPU machine that has torch. GPU_CHECK_ARGS: e.g. --out DIR --budget 480.
+GPU_PYTHON ?= $(if $(wildcard $(PYTHON)),$(PYTHON),python3)
 .PHONY: gpu-check
-gpu-check: install
-	$(PYTHON) -m vla_policy_node.bench.gpu_check
+gpu-check:
+	$(GPU_PYTHON) -m vla_policy_node.bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Optional: LeRobot 0.4.4 in its own environment (it pins torch<2.11) for vla-policy-bench's
 # LeRobot column; several GB (PyPI's x86_64 torch is a CUDA build, run on the CPU here).

@@ -4,9 +4,11 @@
 import json
 
 import pytest
+import torch
 import yaml
 
-from vla_policy_node.bench import cli, matrix
+from vla_policy_node.bench import checkpoints, cli, matrix
+from vla_policy_node.models import load_policy
 
 ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
 
@@ -90,6 +92,31 @@ def test_bench_batch_and_longest_padding(tmp_path, monkeypatch):
     assert c["prefix_tokens"] == 2 * (64 // 8) ** 2 // 2 ** 2 + c["prompt_tokens"] + 1
     assert r["step_bytes"]["weights"] > 0 and r["step_bytes"]["kv_cache"] > 0
     assert r["stages"]["total"]["n"] == 2
+
+
+def test_step_bytes_counts_every_weight_the_step_multiplies_by_once(tmp_path):
+    """
+    Count the GPU check's floor: fused q/k/v and gate/up once.
+
+    Fused weights are buffers the covered linears share; cross-attention k/v (projected once
+    per prefix) and the VLM (read only for ``.dtype``) are not counted.
+    """
+    folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "tiny", 1)
+    policy = load_policy(folder, device="cpu", dtype="float32")
+    obs, noise = cli.make_observation(policy, (48, 64), 0, 1)
+    inputs = cli.worker_inputs(policy, obs, noise, tmp_path / "inputs.safetensors")
+    model = policy.model
+
+    def nbytes(module, skip=()):
+        return sum(p.numel() * p.element_size() for name, p in module.named_parameters() if not name.startswith(skip))
+    expected = sum(nbytes(layer, ("self_attn.k_proj", "self_attn.v_proj") if layer.self_attn.cross else ())
+                   for layer in model.expert_layers)
+    expected += sum(nbytes(getattr(model, name)) for name in ("action_in_proj", "action_time_mlp_in",
+                                                              "action_time_mlp_out", "expert_norm", "action_out_proj"))
+    assert any(layer.mlp.gate_up_weight is not None for layer in model.expert_layers)     # fused: the case at stake
+    counted = cli.step_bytes(policy, inputs, torch.from_numpy(noise))
+    assert counted["weights"] == expected
+    assert counted["kv_cache"] > 0
 
 
 def test_batch_cost_times_each_batch_size():

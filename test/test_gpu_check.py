@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``make gpu-check``: its goal table and bandwidth floor (checked on the CPU), and a clear stop without CUDA."""
 
+import json
+import subprocess
+
 import pytest
 import torch
 
@@ -52,13 +55,43 @@ def test_all_goals_met_is_said_once_everything_passes():
     assert gpu_check.table(ok, "NVIDIA H200", 4800.0, "data sheet").splitlines()[-1] == "all goals met"
 
 
-def test_the_six_runs_of_the_check():
+def test_the_six_runs_of_the_check_goal_runs_first():
     names = [r.name for r in gpu_check.runs()]
     assert len(names) == 6 and len(set(names)) == 6
     assert sum("CUDA graphs" in n for n in names) == 4 and sum(n.startswith("pi0") for n in names) == 2
+    assert names[:2] == ["smolvla bfloat16, CUDA graphs", "pi0 bfloat16, CUDA graphs, 1 camera"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_without_cuda_it_stops_with_the_reason(tmp_path, capsys):
-    assert gpu_check.main(["--out", str(tmp_path)]) == 2
-    assert "no CUDA GPU" in capsys.readouterr().err
+def test_a_budget_cut_leaves_a_table_and_no_run_is_refused_for_host_ram(tmp_path, monkeypatch, capsys):
+    """
+    Keep to the budget as on a lent GPU machine, and still print the table.
+
+    Tests that hang are stopped at a third of the budget, every bench run skips the host-RAM
+    check, a run past the budget is stopped and the ones after it are skipped.
+    """
+    clock = [0.0]
+    commands = []
+
+    def fake_run(command, cwd, env, timeout):
+        commands.append(command)
+        if "pytest" in command or timeout < 120:        # hangs, or would take 120 s
+            clock[0] += timeout
+            raise subprocess.TimeoutExpired(command, timeout)
+        clock[0] += 120
+        with open(command[command.index("--json") + 1], "w") as f:
+            json.dump(result("smolvla", "bfloat16", True, 1, 2.0, 0.05, 4.0, 240e6, 0), f)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    monkeypatch.setattr(gpu_check.time, "perf_counter", lambda: clock[0])
+    assert gpu_check.main(["--out", str(tmp_path), "--budget", "300"]) == 1
+    out = capsys.readouterr()
+    assert "CUDA tests: stopped after 100 s, a third of the budget" in out.out
+    bench = commands[1:]
+    assert len(bench) == 2 and all("--no-memory-check" in c and "cuda" in c for c in bench)
+    assert "| smolvla bfloat16, CUDA graphs | 2.00 |" in out.out
+    assert out.out.count("**not run**") == 5
+    assert "pi0 bfloat16, CUDA graphs, 1 camera: stopped at the 300 s budget" in out.err
+    assert out.err.count("skipped, the 300 s budget is spent") == 4

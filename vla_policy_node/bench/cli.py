@@ -34,11 +34,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 
 from vla_policy_node.bench import checkpoints
 from vla_policy_node.core.blocks import packing_targets
@@ -312,32 +314,51 @@ def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dic
     return {"prefix": float(prefix.get_total_flops()), "step": float(step.get_total_flops())}
 
 
+def prefix_length(policy: Policy, inputs: ModelInputs) -> int:
+    """Tokens in the prefix of ``inputs`` (one eager prefix pass)."""
+    with torch.inference_mode():
+        cache = VLAPrefixCache()
+        policy.model.encode_prefix(inputs, cache)
+    return cache.seq_length()
+
+
+class _StateReads(TorchFunctionMode):
+    """Record which of the model's weight storages the torch calls run under it read."""
+
+    def __init__(self, owned: dict[int, int]) -> None:
+        super().__init__()
+        self.owned, self.read = owned, {}
+
+    def __torch_function__(self, func: Callable, types: tuple, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        reads_data = getattr(func, "__name__", "") != "__get__"      # not ``.dtype``, ``.shape``, ...
+        for leaf in pytree.tree_leaves((args, kwargs or {})) if reads_data else ():
+            if isinstance(leaf, torch.Tensor) and not leaf.is_mkldnn:
+                key = leaf.untyped_storage().data_ptr()
+                if key in self.owned:
+                    self.read[key] = self.owned[key]
+        return func(*args, **(kwargs or {}))
+
+
 def step_bytes(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dict[str, int]:
     """
     Bytes one denoising step must read from memory at least: its weights and the prefix K/V.
 
-    The weights are the parameters of the modules one ``velocity`` call runs (forward
-    hooks; cross-attention K/V projected once per prefix are not among them). The GPU
-    check divides this by the memory bandwidth: the step's floor.
+    The weights are every parameter or buffer storage that one ``velocity`` call passes to
+    a torch function, each counted once: fused projections (buffers whose storage the
+    covered linears share) included, cross-attention K/V projected once per prefix not.
+    The GPU check divides this by the memory bandwidth: the step's floor.
     """
     model, runtime = policy.model, policy.runtime
-    touched: dict[int, int] = {}
-
-    def hook(module: torch.nn.Module, args: object) -> None:
-        for p in module.parameters(recurse=False):
-            touched[id(p)] = p.numel() * p.element_size()
-    with torch.inference_mode():
+    owned = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+             for t in [*model.parameters(), *model.buffers()]}
+    with torch.inference_mode(), unpacked(model):
         cache = VLAPrefixCache()
         ctx = model.encode_prefix(inputs, cache)
         cache.freeze(model.num_cache_layers)
-        handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
-        try:
+        with _StateReads(owned) as reads:
             model.velocity(noise.to(policy.device), runtime.time_cond[0], ctx)
-        finally:
-            for h in handles:
-                h.remove()
         kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in layer)
-    return {"weights": sum(touched.values()), "kv_cache": kv}
+    return {"weights": sum(reads.read.values()), "kv_cache": kv}
 
 
 SETTLE_S = 0.05
@@ -499,7 +520,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
               "weights_mib": held["weights"] / 2**20, "packed_mib": held["packed"] / 2**20,
               "estimate": estimate.as_dict() if estimate is not None else None}
     model = policy.model
-    prefix_tokens = policy.runtime.cache.seq_length()
+    prefix_tokens = policy.runtime.cache.seq_length() or prefix_length(policy, inputs)   # graphs keep their own
     return {
         "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
                    "batch": args.batch, "padding": policy.preprocessor.padding,

@@ -215,7 +215,8 @@ class PolicyRuntime:
 
     def _sample_graphed(self, inputs: ModelInputs, noise: Tensor, key: tuple) -> Tensor:
         """``sample`` replayed from the CUDA graphs of this input signature (captured in the warm-up)."""
-        with torch.inference_mode():
+        # Capture and replay on the policy's GPU: capture streams are made on the current device.
+        with torch.inference_mode(), torch.cuda.device(self.device):
             if key not in self._graphs:
                 self._graphs[key] = CudaGraphSample(self, inputs, noise)
             graphs = self._graphs[key]
