@@ -101,3 +101,19 @@ def test_rtc_prefix_in_robot_units_is_normalized_for_guidance(reference_dir):
     with pytest.raises(ValueError, match="RTC prefix"):
         policy.predict_action_chunk(obs, rtc=RTCGuidance(prefix=np.zeros((3, 2)), delay_steps=1,
                                                          max_guidance_weight=1.0))
+
+
+@pytest.mark.parametrize("family", ["smolvla", "pi0", "pi05"])
+def test_frames_are_converted_and_resized_on_the_policy_device(reference_dir, family):
+    """A GPU policy uploads uint8 frames and resizes them there (``meta`` stands in for the GPU here)."""
+    import torch
+
+    policy = load_policy(reference_dir(family), device="cpu", dtype="float32")
+    assert policy.preprocessor.device == torch.device("cpu")
+    policy.preprocessor.device = torch.device("meta")
+    camera = policy.camera_names[0]
+    pre = policy.preprocessor({"images": {camera: np.zeros((30, 50, 3), np.uint8)}, "state": np.zeros(policy.state_dim),
+                               "task": "go"})
+    assert len(pre.images) == len(policy.camera_names) >= 1
+    assert all(t.device.type == "meta" for t in [*pre.images, *pre.image_masks])
+    assert all(tuple(im.shape[-2:]) == policy.preprocessor.image_size for im in pre.images)

@@ -80,6 +80,9 @@ class Preprocessor:
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
     empty_cameras: int = 0                  # extra all-masked cameras after the real ones
     padding_side: str = "right"             # where prompt padding goes (LeRobot's tokenizer step setting)
+    # Where frames are converted and resized: the model's device, so that a GPU policy uploads
+    # the uint8 frame (a quarter of the float32 bytes) and resizes it there, not on the CPU.
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _last_tokens: Optional[tuple[tuple, tuple[np.ndarray, np.ndarray]]] = field(
         default=None, init=False, repr=False, compare=False)
 
@@ -131,18 +134,24 @@ class Preprocessor:
         if len(batches) != 1:
             raise ValueError(f"cameras disagree on the batch size: {sorted(batches)}")
         batch = batches.pop()
-        h, w = self.image_size
         out = []
         for name in self.camera_names:
             if name not in given:       # masked: its tokens are excluded from attention
-                out.append((torch.full((batch, 3, h, w), -1.0), torch.zeros(batch, dtype=torch.bool)))
+                out.append(self._empty_camera(batch))
                 continue
             arr = given[name] if given[name].ndim == 4 else given[name][None]
-            img = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / 255.0
-            out.append((self.image_transform(img), torch.ones(batch, dtype=torch.bool)))
+            frames = torch.from_numpy(np.ascontiguousarray(arr)).to(self.device)          # (B, H, W, 3) uint8
+            img = frames.permute(0, 3, 1, 2).float() / 255.0
+            out.append((self.image_transform(img), torch.ones(batch, dtype=torch.bool, device=self.device)))
         for _ in range(self.empty_cameras):
-            out.append((torch.full((batch, 3, h, w), -1.0), torch.zeros(batch, dtype=torch.bool)))
+            out.append(self._empty_camera(batch))
         return out, batch
+
+    def _empty_camera(self, batch: int) -> tuple[Tensor, Tensor]:
+        """A missing camera's image and mask: -1 everywhere, masked out of attention."""
+        h, w = self.image_size
+        return (torch.full((batch, 3, h, w), -1.0, device=self.device),
+                torch.zeros(batch, dtype=torch.bool, device=self.device))
 
     def _state(self, state: object, batch: int) -> np.ndarray:
         """-> (B, state_dim) float64, as given: openpi normalizes in float64; LeRobot's normalizer casts."""
