@@ -57,13 +57,13 @@ def simulate(
             skipped_before = sched.stats["actions_skipped"]
             assert sched.submit_chunk(request, policy(request), arrival)
             run.skips.append(
-                (sched.stats["actions_skipped"] - skipped_before, sched.stats["actions_executed"] - executed_at_request)
+                (sched.stats["actions_skipped"] - skipped_before, sched.stats["actions_taken"] - executed_at_request)
             )
             in_flight = None
         run.commands.append(sched.next_action(now))
         if sched.needs_chunk():
             request = sched.begin_request(now)
-            in_flight = (now + latency(request.request_id), request, sched.stats["actions_executed"])
+            in_flight = (now + latency(request.request_id), request, sched.stats["actions_taken"])
     return run
 
 

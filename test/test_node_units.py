@@ -45,7 +45,7 @@ def test_buffer_refuses_late_and_reordered_frames_and_recovers():
     assert buffer.set_image('front', RGB, 1.0, 0.95, 0.5) is None
 
 
-def test_peek_is_read_only_and_matches_the_actions_executed_next():
+def test_peek_is_read_only_and_matches_the_actions_taken_next():
     scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=10.0, horizon=4,
                                                blend='temporal_ensemble'))
     assert scheduler.peek().shape[0] == 0
@@ -62,7 +62,7 @@ def test_peek_is_read_only_and_matches_the_actions_executed_next():
     stats = scheduler.stats
     executed = [scheduler.next_action(0.1 * (i + 1)) for i in range(4)]
     np.testing.assert_allclose(np.stack(executed), plan)
-    assert stats['actions_executed'] + 4 == scheduler.stats['actions_executed']
+    assert stats['actions_taken'] + 4 == scheduler.stats['actions_taken']
 
 
 def test_clamp_sequence_limits_every_point_against_the_one_before():

@@ -130,7 +130,7 @@ class ChunkScheduler:
         self._stats = dict.fromkeys(
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
-                "requests_cancelled", "actions_executed", "actions_skipped", "actions_overdue",
+                "requests_cancelled", "actions_taken", "actions_skipped", "actions_overdue",
                 "waiting_ticks", "starved_ticks", "resets", "plans_dropped",
             ),
             0,
@@ -150,7 +150,12 @@ class ChunkScheduler:
     # ------------------------------------------------------------ state
     @property
     def stats(self) -> dict[str, int]:
-        """Counters since construction (resets do not clear them)."""
+        """
+        Counters since construction (resets do not clear them).
+
+        ``actions_taken`` counts the actions ``take`` handed out; the loop may still refuse to
+        send one (its ``commands_published`` counts what left).
+        """
         return dict(self._stats)
 
     @property
@@ -293,7 +298,7 @@ class ChunkScheduler:
             self._stats["starved_ticks" if self._received else "waiting_ticks"] += 1
             return None
         self._step += 1
-        self._stats["actions_executed"] += 1
+        self._stats["actions_taken"] += 1
         return plan
 
     def skip_overdue(self, steps: int) -> None:
