@@ -148,7 +148,7 @@ class Preprocessor:
         return out, batch
 
     def _empty_camera(self, batch: int) -> tuple[Tensor, Tensor]:
-        """A missing camera's image and mask: -1 everywhere, masked out of attention."""
+        """Return a missing camera's image and mask: -1 everywhere, masked out of attention."""
         h, w = self.image_size
         return (torch.full((batch, 3, h, w), -1.0, device=self.device),
                 torch.zeros(batch, dtype=torch.bool, device=self.device))
