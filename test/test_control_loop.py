@@ -590,6 +590,25 @@ def test_the_tracking_error_may_only_tighten_at_run_time():
         tracking(0.1, 0.0, 1.0)
 
 
+def test_a_tracking_tolerance_below_one_full_speed_step_is_warned_of_at_start_and_on_update():
+    """Allowed (an arm may track within one period), but full-speed motion would likely trip it."""
+    logs = []
+    settings = LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.25, np.inf))   # one step: 0.1
+    loop = ControlLoop(settings, SchedulerConfig(control_rate_hz=RATE, horizon=4), ScriptedInference(),
+                       lambda points, times: None, lambda severity, text: logs.append((severity, text)),
+                       envelope=tracking(0.5, 0.5, np.inf))
+    assert logs == [('warning', "limits.max_tracking_error is below one period's motion at full speed for "
+                                'shoulder (0.05 < 0.1): unless these joints are measured within one period '
+                                'of their command, full-speed motion will trigger a protective stop')]
+    loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.05, np.inf)))
+    assert 'shoulder (0.05 < 0.1), elbow (0.05 < 0.1)' in logs[-1][1]
+    logs.clear()
+    loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, np.inf)))
+    assert logs == []
+    assert tracking(0.05, 0.2, 0.01).tracking_below_one_step(DT) == [0, 2]
+    assert tracking(0.05, 0.2, 0.01).tracking_below_one_step(DT / 100) == []     # one step: 0.0002
+
+
 def test_a_new_loop_keeps_the_envelope_given_at_start_not_the_limits_tightened_since():
     """A lifecycle node re-activated after a run-time tightening may loosen back to its start limits."""
     start = tracking(0.5, 0.5, np.inf)

@@ -212,6 +212,7 @@ class ControlLoop:
         self._last_latency: float | None = None
         self._stopped = False
         self._last_log: dict[str, float] = {}
+        self._warn_tight_tracking(settings)
         inference.bind(self.on_inference_result)
 
     # ------------------------------------------------------------------ settings
@@ -257,6 +258,19 @@ class ControlLoop:
             if reason is not None:
                 raise ValueError(reason)
             self._settings = settings
+            self._warn_tight_tracking(settings)
+
+    def _warn_tight_tracking(self, settings: LoopSettings) -> None:
+        """Warn of a tracking tolerance that full-speed motion is likely to trip (allowed: the arm may be that fast)."""
+        limits = settings.limits
+        tight = limits.tracking_below_one_step(settings.dt)
+        if tight:
+            step = limits.max_delta(settings.dt)
+            below = ', '.join(f'{settings.joint_names[i]} ({limits.max_tracking_error[i]:g} < {step[i]:g})'
+                              for i in tight)
+            self._log('warning', f"limits.max_tracking_error is below one period's motion at full speed for "
+                      f'{below}: unless these joints are measured within one period of their command, '
+                      'full-speed motion will trigger a protective stop')
 
     def set_command_link(self, subscribers: int, other_publishers: int,
                          topic: str = 'the command topic',

@@ -135,6 +135,15 @@ class MotionLimits:
         """Return the largest change (J,) of each joint between two commands ``dt`` apart."""
         return np.minimum(self.max_velocity * dt, self.max_step)
 
+    def tracking_below_one_step(self, dt: float) -> list[int]:
+        """
+        Return the joints whose ``max_tracking_error`` is below their largest change in one period.
+
+        Such a joint must be measured within one period of its command at full speed, or
+        normal motion trips the tracking check (measured lag is one period or more on most arms).
+        """
+        return np.flatnonzero(self.max_tracking_error < self.max_delta(dt)).tolist()
+
     def contains(self, points: np.ndarray) -> bool:
         """Tell whether every point (..., J) lies inside the position limits."""
         return bool(np.all((points >= self.lower) & (points <= self.upper)))
