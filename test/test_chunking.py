@@ -53,11 +53,11 @@ def simulate(
     for k in range(n_ticks):
         now = k * period + tick_jitter * period * rng.uniform(-1.0, 1.0)
         if in_flight is not None and in_flight[0] <= now:
-            arrival, request, executed_at_request = in_flight
+            arrival, request, taken_at_request = in_flight
             skipped_before = sched.stats["actions_skipped"]
             assert sched.submit_chunk(request, policy(request), arrival)
             run.skips.append(
-                (sched.stats["actions_skipped"] - skipped_before, sched.stats["actions_taken"] - executed_at_request)
+                (sched.stats["actions_skipped"] - skipped_before, sched.stats["actions_taken"] - taken_at_request)
             )
             in_flight = None
         run.commands.append(sched.next_action(now))

@@ -95,3 +95,16 @@ def test_a_budget_cut_leaves_a_table_and_no_run_is_refused_for_host_ram(tmp_path
     assert out.out.count("**not run**") == 5
     assert "pi0 bfloat16, CUDA graphs, 1 camera: stopped at the 300 s budget" in out.err
     assert out.err.count("skipped, the 300 s budget is spent") == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_without_cuda_it_stops_with_the_reason(tmp_path, capsys):
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and "GPU_PYTHON=" in err
+
+
+def test_a_budget_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--budget", "0"])
+    assert "--budget" in capsys.readouterr().err

@@ -315,7 +315,7 @@ def count_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dic
 
 
 def prefix_length(policy: Policy, inputs: ModelInputs) -> int:
-    """Tokens in the prefix of ``inputs`` (one eager prefix pass)."""
+    """Count the tokens in the prefix of ``inputs`` (one eager prefix pass)."""
     with torch.inference_mode():
         cache = VLAPrefixCache()
         policy.model.encode_prefix(inputs, cache)
@@ -332,7 +332,7 @@ class _StateReads(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: tuple, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         reads_data = getattr(func, "__name__", "") != "__get__"      # not ``.dtype``, ``.shape``, ...
         for leaf in pytree.tree_leaves((args, kwargs or {})) if reads_data else ():
-            if isinstance(leaf, torch.Tensor) and not leaf.is_mkldnn:
+            if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:      # packed/sparse: no storage
                 key = leaf.untyped_storage().data_ptr()
                 if key in self.owned:
                     self.read[key] = self.owned[key]

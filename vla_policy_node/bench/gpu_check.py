@@ -133,6 +133,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--budget", type=float, default=BUDGET_S,
                         help="seconds for the tests and all runs; a run that would pass it is stopped")
     args = parser.parse_args(argv)
+    if not args.budget > 0:
+        parser.error(f"--budget must be positive, got {args.budget}")
     import torch
 
     if not torch.cuda.is_available():
@@ -160,8 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if left < 10:
             print(f"gpu-check: {run.name}: skipped, the {args.budget:.0f} s budget is spent", file=sys.stderr)
             continue
-        # The GPU holds the weights; the host-RAM estimate is for CPU runs (and a GPU machine's
-        # MemAvailable can start low and grow), so it must not refuse these.
+        # A GPU machine has ample RAM, but its MemAvailable can start low and grow: the bench's
+        # host-RAM estimate must not refuse these runs.
         command = [sys.executable, "-m", "vla_policy_node.bench.cli", *run.args, "--device", "cuda",
                    "--no-lerobot", "--no-memory-check", "--json", str(path)]
         try:

@@ -100,7 +100,7 @@ class Policy:
         if pack_weights:                                     # faster CPU matmuls, for a second copy of the weights
             pack_linears(self.model)
         self.preprocessor = preprocessor
-        preprocessor.device = device                         # frames go up as uint8; resized on the GPU
+        preprocessor.device = device                         # frames go up as uint8, resized where the model runs
         self.action_normalizer = action_normalizer
         self.action_dim = action_dim
         self.device = device

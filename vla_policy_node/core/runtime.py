@@ -316,10 +316,12 @@ class CudaGraphSample:
                 denoise(prefix())
         torch.cuda.current_stream(device).wait_stream(side)
         self.prefix_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.prefix_graph):
+        # Captured on ``side``, made on this device: graph()'s default capture stream is made
+        # once per process, on whichever device was current at the first capture.
+        with torch.cuda.graph(self.prefix_graph, stream=side):
             self.ctx = prefix()
         self.denoise_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.denoise_graph, pool=self.prefix_graph.pool()):
+        with torch.cuda.graph(self.denoise_graph, pool=self.prefix_graph.pool(), stream=side):
             self.actions = denoise(self.ctx)
 
     def replay_prefix(self, inputs: ModelInputs) -> None:
