@@ -95,7 +95,7 @@ lint: install
 # No install step: it needs no ROS, only a Python whose torch is a CUDA build (the venv's, when
 # there is one, else the machine's python3; GPU_PYTHON=... to choose), so it runs offline on a
 # GPU machine that has torch. GPU_CHECK_ARGS: e.g. --out DIR --budget 480.
-GPU_PYTHON ?= $(shell test -x $(PYTHON) && echo $(PYTHON) || echo python3)
+GPU_PYTHON ?= $(shell test -x '$(PYTHON)' && echo '$(PYTHON)' || echo python3)
 .PHONY: gpu-check
 gpu-check:
 	$(GPU_PYTHON) -m vla_policy_node.bench.gpu_check $(GPU_CHECK_ARGS)

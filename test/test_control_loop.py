@@ -603,6 +603,8 @@ def test_a_tracking_tolerance_below_one_full_speed_step_is_warned_of_at_start_an
     loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.05, np.inf)))
     assert 'shoulder (0.05 < 0.1), elbow (0.05 < 0.1)' in logs[-1][1]
     logs.clear()
+    loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.05, np.inf)))   # unchanged: said once
+    assert logs == []
     loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, np.inf)))
     assert logs == []
     assert tracking(0.05, 0.2, 0.01).tracking_below_one_step(DT) == [0, 2]

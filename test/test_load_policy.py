@@ -119,12 +119,12 @@ def test_frames_are_converted_and_resized_on_the_policy_device(reference_dir, fa
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if func is torch.Tensor.to and out.device.type == "meta" and args[0].device.type == "cpu":
-                moved.append(args[0].dtype)
+                moved.append((args[0].dtype, out.dtype))
             return out
     with Uploads():
         pre = policy.preprocessor({"images": {camera: np.zeros((30, 50, 3), np.uint8)},
                                    "state": np.zeros(policy.state_dim), "task": "go"})
-    assert moved == [torch.uint8]                   # the frame goes up as it came, converted there
+    assert moved == [(torch.uint8, torch.uint8)]    # the frame goes up as it came, converted there
     assert len(pre.images) == len(policy.camera_names) >= 1
     assert all(t.device.type == "meta" for t in [*pre.images, *pre.image_masks])
     assert all(tuple(im.shape[-2:]) == policy.preprocessor.image_size for im in pre.images)

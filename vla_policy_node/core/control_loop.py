@@ -212,7 +212,9 @@ class ControlLoop:
         self._last_latency: float | None = None
         self._stopped = False
         self._last_log: dict[str, float] = {}
-        self._warn_tight_tracking(settings)
+        tight = self._tight_tracking(settings)
+        if tight is not None:
+            self._log('warning', tight)
         inference.bind(self.on_inference_result)
 
     # ------------------------------------------------------------------ settings
@@ -257,20 +259,24 @@ class ControlLoop:
             reason = self.check_update(settings)
             if reason is not None:
                 raise ValueError(reason)
+            tight, before = self._tight_tracking(settings), self._tight_tracking(self._settings)
             self._settings = settings
-            self._warn_tight_tracking(settings)
+            if tight is not None and tight != before:      # not again on an unrelated parameter change
+                self._log('warning', tight)
 
-    def _warn_tight_tracking(self, settings: LoopSettings) -> None:
-        """Warn of a tracking tolerance that full-speed motion is likely to trip (allowed: the arm may be that fast)."""
+    @staticmethod
+    def _tight_tracking(settings: LoopSettings) -> str | None:
+        """Return the warning for a tracking tolerance full-speed motion is likely to trip, or None (it is allowed)."""
         limits = settings.limits
         tight = limits.tracking_below_one_step(settings.dt)
-        if tight:
-            step = limits.max_delta(settings.dt)
-            below = ', '.join(f'{settings.joint_names[i]} ({limits.max_tracking_error[i]:g} < {step[i]:g})'
-                              for i in tight)
-            self._log('warning', f"limits.max_tracking_error is below one period's motion at full speed for "
-                      f'{below}: unless these joints are measured within one period of their command, '
-                      'full-speed motion will trigger a protective stop')
+        if not tight:
+            return None
+        step = limits.max_delta(settings.dt)
+        below = ', '.join(f'{settings.joint_names[i]} ({limits.max_tracking_error[i]:g} < {step[i]:g})'
+                          for i in tight[:8])
+        return (f"limits.max_tracking_error is below one period's motion at full speed for {below}"
+                f"{', ...' if len(tight) > 8 else ''}: unless these joints are measured within one period of "
+                'their command, full-speed motion will trigger a protective stop')
 
     def set_command_link(self, subscribers: int, other_publishers: int,
                          topic: str = 'the command topic',
