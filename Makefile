@@ -84,8 +84,15 @@ demo: install
 train: install
 	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/touch_policy
 
+# Every test, in two passes: those not marked dds (the pure core, the compiled programs, the
+# linters) on TEST_WORKERS pytest-xdist workers, then the DDS tests one at a time, each on a
+# ROS domain of its own and some asserting rates. Both passes run; either failing fails.
+TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest test -q
+	@status=0; \
+	$(PYTHON) -m pytest test -q -m "not dds" -n $(TEST_WORKERS) --dist worksteal || status=1; \
+	$(PYTHON) -m pytest test -q -m dds || status=1; \
+	exit $$status
 
 lint: install
 	$(PYTHON) -m pytest test/test_flake8.py test/test_pep257.py -q

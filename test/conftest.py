@@ -20,6 +20,18 @@ torch.set_num_threads(1)
 os.environ.setdefault("VLA_POLICY_NODE_CACHE_DIR", str(REPO / ".pytest_cache" / "vla_policy_node"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """
+    Mark launch_testing's tests ``dds``: its items ignore their module's ``pytestmark``.
+
+    ``make test`` runs the tests not marked ``dds`` on two workers and the DDS ones after,
+    one at a time (``ros_harness.next_domain_id`` refuses to run on a worker).
+    """
+    for item in items:
+        if item.get_closest_marker("launch_test") is not None:
+            item.add_marker(pytest.mark.dds)
+
+
 @pytest.fixture(autouse=True)
 def project_logs_reach_caplog():
     """

@@ -17,6 +17,8 @@ from ros_harness import installed_executable
 
 ROOT = Path(__file__).resolve().parents[1]
 COLCON = [sys.executable, '-m', 'colcon']
+# The colcon test below runs one of the node's DDS tests.
+pytestmark = pytest.mark.dds
 
 
 def test_colcon_list_shows_ros_ament_python():

@@ -26,6 +26,7 @@ import yaml  # noqa: E402
 from vla_policy_node.ament_registration import EXECUTABLES  # noqa: E402
 
 LAUNCH = ['launch', 'vla_policy_node', 'vla_policy.launch.py']
+pytestmark = pytest.mark.dds
 
 
 @pytest.fixture(scope='module')

@@ -323,8 +323,17 @@ def test_command_rate_holds_while_inference_is_slower_than_a_period(tmp_path):
 
 @pytest.mark.parametrize('case', ['compiled', 'no_compiler', 'rtc'])
 def test_compile_parameter_compiles_during_the_warm_up_or_falls_back_to_eager(tmp_path, case):
-    """compile: true compiles before 'ready'; without a C++ compiler, or with rtc blending, the node runs eager."""
-    params = {'compile': True, 'num_threads': 1}
+    """
+    compile: true builds (or loads) the compiled programs before 'ready'; else the node runs eager.
+
+    Eager: without a C++ compiler (found at once, before exporting), or with rtc blending.
+
+    The tiny model is test_compiled's (one camera, chunk 8, 2 steps), whose programs make test
+    builds before the DDS tests run: the node loads them from the tests' cache instead of
+    compiling for a minute (run alone, it compiles them).
+    """
+    params = {'compile': True, 'num_threads': 1, 'tiny_model': {'chunk_size': 8, 'num_steps': 2},
+              'camera_names': ['front'], 'camera_topics': ['camera/front/image_raw']}
     if case == 'rtc':
         params['chunking'] = {'blend': 'rtc'}
     override = tmp_path / 'compiled.yaml'

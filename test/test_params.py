@@ -24,6 +24,7 @@ from vla_policy_node.ros.params import (
     settings_from_values,
 )
 
+pytestmark = pytest.mark.dds
 DEFAULTS = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']
 
 
@@ -252,7 +253,6 @@ def test_runtime_changes_are_validated_and_read_only_parameters_refused(context)
         node.destroy_node()
 
 
-@pytest.mark.dds
 @pytest.mark.parametrize('override, message', [
     ({'control_rate_hz': 0.0}, "parameter 'control_rate_hz' must be a double in [1.0, 1000.0]"),
     ({'limits': {'lower': [-1.0] * 5}},

@@ -44,12 +44,20 @@ def build(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def package(tmp_path_factory) -> Path:
+    """Compile the ``KEY`` program once for the module: the builds of the cache tests copy it."""
+    path = tmp_path_factory.mktemp("package") / "program.pt2"
+    torch.manual_seed(0)
+    build(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, package):
     """Build a cache folder holding the one entry of ``KEY``, once for the module."""
     root = tmp_path_factory.mktemp("programs")
-    torch.manual_seed(0)
     cache = ProgramCache(root)
-    program = cache.load_or_build(KEY, build, CPU)
+    program = cache.load_or_build(KEY, lambda path: shutil.copyfile(package, path), CPU)
     assert (cache.stats.built, cache.stats.loaded) == (1, 0)
     out = program(*ARGS)
     assert set(out) == {"y", "sum"} and torch.equal(out["sum"], torch.full((3,), 3.0))
@@ -112,7 +120,7 @@ def writable_by_others(entry: Path) -> None:
 @pytest.mark.parametrize("damage", [tamper, foreign, no_manifest, library_replaced_by_a_folder,
                                     entry_replaced_by_a_file, library_linked_elsewhere,
                                     entry_linked_elsewhere, writable_by_others])
-def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damage):
+def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, package, tmp_path, damage):
     root, first = store
     copy = tmp_path / "cache"
     subprocess.run(["cp", "-r", str(root), str(copy)], check=True)
@@ -122,7 +130,7 @@ def test_a_corrupt_or_foreign_entry_is_rebuilt_not_loaded(store, tmp_path, damag
 
     def rebuild(path: Path) -> None:
         built.append(path)
-        build(path)
+        shutil.copyfile(package, path)
     out = cache.load_or_build(KEY, rebuild, CPU)(*ARGS)
     assert len(built) == 1 and (cache.stats.rebuilt, cache.stats.built, cache.stats.loaded) == (1, 1, 0)
     assert torch.equal(out["sum"], first["sum"]) and out["y"].shape == first["y"].shape
@@ -188,6 +196,17 @@ def test_compiling_and_loading_leave_nothing_in_the_temp_folder(tmp_path):
     assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "1"]]
     assert sorted(os.listdir(temp)) == []
     assert (cache / "inductor").is_dir()         # the compiler's own cache went to the cache folder
+
+
+def test_without_a_compiler_the_build_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch):
+    """No working C++ compiler: refused before exporting (half a minute a program), nothing stored."""
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-compiler")))
+    cache, built = ProgramCache(tmp_path / "cache"), []
+    with pytest.raises(RuntimeError, match="cannot compile: InvalidCxxCompiler.*no-such-compiler"):
+        cache.load_or_build(KEY, built.append, CPU)
+    assert built == [] and cache.stats.built == 0
+    assert not (tmp_path / "cache" / "programs").exists() and not list((tmp_path / "cache").glob("staging-*"))
 
 
 def test_a_build_killed_midway_leaves_no_staging_folder_behind(tmp_path):

@@ -1,19 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 """The joint-state topic is relative: it follows the node's namespace and its remaps."""
 
+import functools
+
+import pytest
 import rclpy
 from rclpy.node import Node
+from ros_harness import next_domain_id
 from sensor_msgs.msg import JointState
 
 from vla_policy_node.ros.params import SPECS
 from vla_policy_node.ros.polled_input import PolledSubscription
 from vla_policy_node.ros.qos import JOINT_STATES_QOS
 
+pytestmark = pytest.mark.dds
+domain_id = functools.cache(next_domain_id)   # one for the module
+
 
 def polled_topic(arguments: list[str], topic: str = SPECS['joint_states_topic'].default) -> str:
     """Return the topic the polled joint-state subscription reads for a node started with ``arguments``."""
     context = rclpy.Context()
-    rclpy.init(context=context, args=[], domain_id=0)
+    rclpy.init(context=context, args=[], domain_id=domain_id())
     try:
         owner = Node('vla_policy_node', context=context, cli_args=['--ros-args', *arguments],
                      start_parameter_services=False, enable_rosout=False)

@@ -215,6 +215,24 @@ def point_compiler_caches_at(root: Path) -> None:
         codecache._HEADER_LOCK_DIR = str(folder / "precompiled_headers" / "locks")
 
 
+def compiler_problem() -> Optional[str]:
+    """
+    Say why AOTInductor cannot build here (no working C++ compiler), or None.
+
+    Checked before a build: without it, export and lowering run for half a minute per
+    program before the compiler call fails.
+    """
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:                          # another torch: its build will say
+        return None
+    try:
+        get_cpp_compiler()
+    except Exception as error:  # noqa: B902 - InvalidCxxCompiler, or whatever a broken toolchain raises
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 @dataclass
 class CacheStats:
     """What the cache did in this process: the node logs it, the tests assert it."""
@@ -279,6 +297,9 @@ class ProgramCache:
 
     def _build(self, folder: Path, key: dict, build: Callable[[Path], None], device: torch.device) -> None:
         point_compiler_caches_at(self.root)           # only here: loading needs no compiler (nor its import)
+        problem = compiler_problem()
+        if problem is not None:
+            raise RuntimeError(f"cannot compile: {problem}")
         staging = Path(tempfile.mkdtemp(prefix=f"staging-{os.getpid()}-", dir=self.root))
         try:
             package = staging / "program.pt2"
