@@ -3,6 +3,7 @@
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,11 @@ sys.path.insert(0, str(REPO))
 REFERENCE = Path(os.environ.get("VLA_REFERENCE_DIR", REPO.parent / "shared" / "reference"))
 
 torch.set_num_threads(1)
+# Started in the background of a shell without job control, a process ignores SIGINT, and so does
+# every process it starts: ros2 launch and the nodes the tests stop with SIGINT would not stop.
+# A handler (unlike SIG_IGN) is reset by exec, so the processes the tests start get the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The compiled programs tests build are kept between runs, so a rerun loads them instead of compiling
 # (the cache's own tests use folders of their own).
 os.environ.setdefault("VLA_POLICY_NODE_CACHE_DIR", str(REPO / ".pytest_cache" / "vla_policy_node"))

@@ -131,6 +131,18 @@ def test_the_safe_command_is_split_by_group_as_the_controllers_expect(velocities
     assert list(forward.data) == [points[0, 5]]
 
 
+def test_a_hold_for_some_joints_goes_to_their_groups_only():
+    """The loop's hold to the topics that listen: the gripper's topic (no subscriber) gets nothing."""
+    settings = settings_from_values({**VALUES, **GROUPS})
+    node = FakeNode()
+    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    points = np.arange(6, dtype=float)[None, :] * 0.1                          # (1, J)
+    outputs.publish(points, 0.05, np.array([True] * 5 + [False]))
+    (trajectory,) = node.publishers['arm_controller/joint_trajectory'][1].messages
+    assert node.publishers['gripper_controller/commands'][1].messages == []
+    np.testing.assert_array_equal(trajectory.points[0].positions, points[0, :5])
+
+
 def test_velocities_are_differences_of_the_safe_points_and_end_at_zero():
     rng = np.random.default_rng(0)
     dt, max_step = 0.05, 0.1

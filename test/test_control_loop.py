@@ -33,13 +33,18 @@ class Rig:
         self.now = 100.0
         self.wall = 0.0
         self.sent: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self.sent_to: list[np.ndarray | None] = []      # the joints each message went to (None: all)
         self.inference = ScriptedInference()
         self.loop = ControlLoop(
             LoopSettings(JOINTS, ('front',), RATE, limits, **settings),
             SchedulerConfig(control_rate_hz=RATE, horizon=4), self.inference,
-            lambda points, times: self.sent.append((points.copy(), times)),
+            self._sink,
             wall_clock=lambda: self.wall)
         self.loop.on_instruction('pick up the cube')
+
+    def _sink(self, points: np.ndarray, times: np.ndarray | None, joints: np.ndarray | None) -> None:
+        self.sent.append((points.copy(), times))
+        self.sent_to.append(None if joints is None else joints.copy())
 
     def feed(self, state, stamp: float | None = None) -> None:
         self.loop.on_image('front', FRAME, self.now, None)
@@ -425,6 +430,34 @@ def test_a_topic_without_subscriber_does_not_stop_the_hold_of_the_others():
     assert 'nobody subscribes to /gripper' in rig.state()
 
 
+def test_with_stale_joint_states_a_hold_still_reaches_the_topics_that_listen():
+    """
+    The gripper's topic loses its subscriber as the joint states go stale: the arm's topic gets the hold.
+
+    The gripper's next command must step from a measurement (none is fresh), so nothing goes
+    to its topic; the arm's controller holds the point it executes instead of running on.
+    """
+    rig = Rig()
+    for _ in range(4):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.05, 0.05))
+    message, sent = rig.sent[-1][0], len(rig.sent)
+    rig.loop.set_command_link(subscribers=0, other_publishers=0, topic='/gripper', unheard_joints=[2])
+    rig.now += rig.loop.settings.max_observation_age + DT      # no joint state since
+    rig.loop.on_image('front', FRAME, rig.now, None)
+    rig.loop.tick(rig.now)
+    assert len(rig.sent) == sent + 1, 'no hold sent'
+    (points, times), joints = rig.sent[-1], rig.sent_to[-1]
+    assert times is None and joints.tolist() == [True, True, False]
+    np.testing.assert_array_equal(points[0, :2], message[-1, :2])    # the arm ran through the message
+    rig.loop.set_command_link(subscribers=1, other_publishers=0)
+    rig.loop.reset_episode('test')
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.4], chunk=ramp(0.05, 0.05))
+    assert rig.sent_to[-1] is None, 'every topic listens again'
+    first = rig.sent[sent + 1][0][0]
+    assert abs(first[2] - 0.4) <= 0.1 + 1e-12, 'the gripper re-enters from where it is measured'
+
+
 def test_a_final_hold_after_the_robot_was_moved_is_not_sent():
     """Deactivating (or Ctrl-C) after a 'moved' refusal must not command the old point back."""
     rig = Rig()
@@ -595,7 +628,7 @@ def test_a_tracking_tolerance_below_one_full_speed_step_is_warned_of_at_start_an
     logs = []
     settings = LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.25, np.inf))   # one step: 0.1
     loop = ControlLoop(settings, SchedulerConfig(control_rate_hz=RATE, horizon=4), ScriptedInference(),
-                       lambda points, times: None, lambda severity, text: logs.append((severity, text)),
+                       lambda points, times, joints: None, lambda severity, text: logs.append((severity, text)),
                        envelope=tracking(0.5, 0.5, np.inf))
     assert logs == [('warning', "limits.max_tracking_error is below one period's motion at full speed for "
                                 'shoulder (0.05 < 0.1): unless these joints are measured within one period '
@@ -616,12 +649,12 @@ def test_a_new_loop_keeps_the_envelope_given_at_start_not_the_limits_tightened_s
     start = tracking(0.5, 0.5, np.inf)
     tightened = LoopSettings(JOINTS, ('front',), RATE, tracking(0.02, 0.02, np.inf))
     loop = ControlLoop(tightened, SchedulerConfig(control_rate_hz=RATE, horizon=4), ScriptedInference(),
-                       lambda points, times: None, envelope=start)
+                       lambda points, times, joints: None, envelope=start)
     assert loop.check_update(LoopSettings(JOINTS, ('front',), RATE, start)) is None
     assert 'looser' in loop.check_update(LoopSettings(JOINTS, ('front',), RATE, LIMITS))
     with pytest.raises(ValueError, match='looser than the limits given at start'):
         ControlLoop(LoopSettings(JOINTS, ('front',), RATE, LIMITS), SchedulerConfig(control_rate_hz=RATE, horizon=4),
-                    ScriptedInference(), lambda points, times: None, envelope=start)
+                    ScriptedInference(), lambda points, times, joints: None, envelope=start)
 
 
 def test_an_operator_restarts_a_loop_that_refuses_to_resume_from_where_the_robot_is():

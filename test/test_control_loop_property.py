@@ -19,7 +19,9 @@ stalled clock and a stop, every command that leaves the loop is:
   and only from observation times of chunks that were really delivered;
 * after an operator's restart, within one step of the measured state;
 * absent while another publisher is on the command topic; only holds while nobody
-  subscribes; after stop nothing but the one final hold.
+  subscribes; after stop nothing but the one final hold;
+* sent to some command topics only if it is a hold, to exactly those with a subscriber: when
+  one topic has none and the joint states are stale, the others still get their hold.
 """
 
 from __future__ import annotations
@@ -65,12 +67,21 @@ class Checker:
         self.latches_restarted = 0  # tracking errors latched before the last operator restart
         self.last_tick: float | None = None
 
-    def sink(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
+    def sink(self, points: np.ndarray, obs_times: np.ndarray | None, joints: np.ndarray | None) -> None:
         loop_settings = self.loop.settings
         limits = loop_settings.limits
         hold = obs_times is None
         assert self.allowed or (hold and not self.contested), \
             'published while another publisher or (but a hold) no subscriber is on the topic'
+        if joints is not None:
+            # To some topics only: a hold, to exactly those that listen, each stepping from what its
+            # controller executes (the others' next message must step from a measurement).
+            assert hold and self.sent is not None, 'only a hold goes to some topics, after a first message'
+            assert np.array_equal(joints, ~self.unheard) and joints.any(), (joints, self.unheard)
+            assert self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age) is None, \
+                'to some topics only although a fresh joint state would have served them all'
+            self.published['hold to the topics that listen'] += 1
+            self.published['... while all have a subscriber again'] += self.allowed
         if self.stopped:
             self.after_stop += 1
             assert self.after_stop == 1, 'published after the final hold'
@@ -79,18 +90,19 @@ class Checker:
         max_delta = limits.max_delta(DT) + 1e-9
         measured = self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age)
         reference = self.executing()
-        if reference is None or self.unheard.any():
+        if joints is None and (reference is None or self.unheard.any()):
             assert measured is not None, 'the first command of a segment needs a measured state'
             reference = measured if reference is None else np.where(self.unheard, measured, reference)
         latched = self.loop._counters['tracking_error_holds'] > self.latches_restarted
         if hold and latched:
-            # A protective stop: each hold steps the setpoint toward where the joints were found.
-            target = self.loop._yield_target
+            # A protective stop: each hold steps the setpoint toward where the joints were found (inside the limits).
+            target = np.clip(self.loop._yield_target, limits.lower, limits.upper)
             assert np.all(np.abs(points - target) <= np.abs(reference - target) + 1e-9), (points, reference, target)
             self.published['protective stop hold'] += 1
         elif self.sent is not None and self.loop.hold_reason is not None:
             # After a hold (or a final hold while holding): only for a robot on its way from where
             # the last action found it to the point it executes, so never a jump for one moved.
+            assert measured is not None, 'resumed, or a last hold sent, without checking the robot'
             start = reference if self.commanded_at is None else self.commanded_at
             slack = limits.max_step + 1e-9
             low, high = np.minimum(start, reference) - slack, np.maximum(start, reference) + slack
@@ -119,7 +131,7 @@ class Checker:
         self.sent, self.sent_at = points.copy(), self.now
         if not hold:
             self.commanded_at = self.loop._inputs.last_positions()
-        if self.allowed:
+        if self.allowed and joints is None:
             self.unheard[:] = False
 
     def on_tick(self, now: float) -> None:
@@ -189,6 +201,9 @@ operation = st.one_of(
     st.tuples(st.just('result'), st.lists(st.floats(-0.3, 0.3), min_size=12, max_size=12)),
     st.tuples(st.just('fault'), st.sampled_from(['raised', 'non_finite', 'late', 'nan_chunk'])),
     st.tuples(st.just('link'), st.sampled_from([(1, 0), (1, 0), (0, 0), (1, 1), (0, 0, (2,))])),
+    # The gripper's controller and the joint-state driver stop together (one power supply), then a
+    # tick; or the controller is back (respawned) by the tick, but the joint states are not.
+    st.tuples(st.just('outage'), st.tuples(st.sampled_from([0.6, 2.0]), st.booleans())),
     st.tuples(st.just('limits'), st.tuples(st.sampled_from([1.0, 0.9, 0.5, 1.2]),
                                            st.sampled_from([0.1, 0.05, 0.2]))),
     st.tuples(st.just('watchdog'), st.sampled_from([0.1, 1.0])),
@@ -284,6 +299,18 @@ def run_sequence(operations, blend, points, max_action_age, tracking):
             checker.contested = others > 0
             if subscribers == 0:
                 checker.unheard[slice(None) if unheard is None else list(unheard)] = True
+        elif kind == 'outage':
+            seconds, back = value
+            loop.set_command_link(0, 0, unheard_joints=(2,))
+            checker.allowed, checker.contested = False, False
+            checker.unheard[2] = True
+            if back:
+                loop.set_command_link(1, 0)
+                checker.allowed = True
+            checker.now += seconds
+            wall[0] += seconds
+            checker.on_tick(checker.now)
+            loop.tick(checker.now)
         elif kind == 'limits':
             scale, step = value
             proposed = LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(scale, step, tracking),
@@ -327,3 +354,5 @@ def test_every_command_is_safe_whatever_happens():
     assert COVERAGE['resumed'] >= 40 and COVERAGE['refused resumes'] >= 100, COVERAGE
     assert COVERAGE['action while tracked'] >= 200 and COVERAGE['tracking holds'] >= 60, COVERAGE
     assert COVERAGE['restarts'] >= 100 and COVERAGE['protective stop hold'] >= 100, COVERAGE
+    assert COVERAGE['hold to the topics that listen'] >= 50, COVERAGE
+    assert COVERAGE['... while all have a subscriber again'] >= 20, COVERAGE

@@ -85,7 +85,7 @@ def mapped_loop(blend: str = 'latest'):
     sent = []
     loop = ControlLoop(LoopSettings(JOINTS, ('front',), RATE, LIMITS),
                        SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend),
-                       joint_mapped(inference, SO101), lambda points, _: sent.append(points.copy()))
+                       joint_mapped(inference, SO101), lambda points, *_: sent.append(points.copy()))
     loop.on_instruction('pick up the cube')
     return loop, inference, sent
 

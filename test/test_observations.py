@@ -44,7 +44,7 @@ def make_loop(horizon: int = 4, **overrides):
     inference = ScriptedInference()
     loop = ControlLoop(LoopSettings(JOINTS, ('front',), RATE, LIMITS, **overrides),
                        SchedulerConfig(control_rate_hz=RATE, horizon=horizon), inference,
-                       lambda points, times: sent.append((points.copy(), times)),
+                       lambda points, times, joints: sent.append((points.copy(), times)),
                        wall_clock=lambda: 0.0)
     loop.on_instruction('pick')
     return loop, inference, sent

@@ -81,7 +81,7 @@ class Robot:
         self.loop = ControlLoop(
             LoopSettings(JOINTS, ('front',), RATE, limits, max_observation_age=max_observation_age),
             SchedulerConfig(RATE, HORIZON), self.remote,
-            lambda points, obs_times: self.commands.append((points, obs_times)))
+            lambda points, obs_times, joints: self.commands.append((points, obs_times)))
         self.loop.on_instruction(TASK)
         self.remote.start()
 

@@ -120,8 +120,8 @@ class Soak:
         self.loop_horizon = policy.chunk_size
         self.previous: np.ndarray | None = None
 
-    def publish(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
-        """Check a command of the loop (its sink) against every limit and its age, then move the robot."""
+    def publish(self, points: np.ndarray, obs_times: np.ndarray | None, joints: np.ndarray | None) -> None:
+        """Check a command of the loop (its sink) against every limit and its age, then move the robot (one topic)."""
         command = points[0]
         max_delta = self.limits.max_delta(self.period) + 1e-12
         if not np.all(np.isfinite(command)) or not self.limits.contains(command):

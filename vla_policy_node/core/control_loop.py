@@ -21,7 +21,9 @@ caller of ``sink``. It guarantees, for every published point:
   Only the first command of a *segment* steps from the measured joint state instead, which
   must then be fresh: the first ever, and, for the joints of a command topic that had no
   subscriber (so nothing sent to them meanwhile was received), the first after it; the
-  joints of the other topics keep stepping from what their controllers last received. A
+  joints of the other topics keep stepping from what their controllers last received (so a
+  hold still reaches them when the joint states are stale: it goes to their topics only,
+  never to one whose next message must step from a measurement). A
   robot measured outside its limits by more than one step cannot be reached by a safe
   command, so nothing is sent and the loop says so;
 * after a hold (and for a last hold sent while holding), never for a robot moved meanwhile:
@@ -92,8 +94,10 @@ class Inference(Protocol):
     def request_reset(self) -> None: ...
 
 
-# (points (T, J), observation time of each point (T,), or None for a hold)
-Sink = Callable[[np.ndarray, 'np.ndarray | None'], None]
+# (points (T, J), observation time of each point (T,) or None for a hold, the joints (J,) whose
+# topics get it or None for all: a hold while a topic has no subscriber and the joint states are
+# stale goes to the topics that listen only)
+Sink = Callable[[np.ndarray, 'np.ndarray | None', 'np.ndarray | None'], None]
 Log = Callable[[str, str], None]                # (severity 'info' | 'warning', text)
 
 
@@ -489,17 +493,20 @@ class ControlLoop:
 
     def _walked_back(self, now: float) -> bool:
         """Tell whether the setpoint executed now is where a latched stop walks it (inside the limits)."""
-        reference = self._reference(now)
+        reference, send_to = self._hold_reference(now)
+        if reference is None:
+            return True
         limits = self._settings.limits
-        goal = np.clip(self._yield_target, limits.lower, limits.upper)
-        return reference is None or bool(np.all(np.abs(reference - goal) <= 1e-12))
+        there = np.abs(reference - np.clip(self._yield_target, limits.lower, limits.upper)) <= 1e-12
+        return bool(np.all(there if send_to is None else there[send_to]))
 
     def _emit(self, now: float, plan: Plan | None, walk: bool = False) -> Refusal | None:
         """
         Send ``plan`` (None: a hold) through every check, or nothing; why not, or None if sent.
 
         A hold repeats the point executed now; latched, it steps from there toward where the
-        joints were found (``walk``: the whole way, for a last hold).
+        joints were found (``walk``: the whole way, for a last hold). With stale joint states
+        and a topic without a subscriber it goes to the other topics only (``_hold_reference``).
 
         The only caller of the sink. See the module docstring for what it guarantees.
         """
@@ -507,7 +514,7 @@ class ControlLoop:
             return self._link_problem
         settings = self._settings
         limits = settings.limits
-        reference = self._reference(now)
+        reference, send_to = (self._reference(now), None) if plan is not None else self._hold_reference(now)
         if reference is None:
             return Refusal('no fresh joint position to start from')
         if self._hold_reason is not None and self._sent is not None and self._yield_target is None:
@@ -535,9 +542,9 @@ class ControlLoop:
             joints = [settings.joint_names[i] for i in limits.outside(safe[0])]
             return Refusal(f'joints {joints} are measured outside their limits by more than one '
                            'step: nothing can be commanded until they are back inside', ERROR)
-        self._sink(safe, obs_times)
-        self._sent, self._sent_at = safe.copy(), now
-        if self._link_problem is None:           # every topic has a subscriber: all was received
+        self._sink(safe, obs_times, send_to)
+        self._sent, self._sent_at = safe.copy(), now      # unsent joints are unheard: next from measured
+        if self._link_problem is None and send_to is None:   # every topic has a subscriber: all was received
             self._unheard[:] = False
         if plan is None:
             self._counters['holds_published'] += 1
@@ -552,13 +559,31 @@ class ControlLoop:
         """Return what the next command steps from (J,): the point executed now, measured where unheard."""
         if self._sent is None:
             return self._inputs.fresh_positions(now, self._settings.max_observation_age)
-        executing = self._sent[self._periods_since_sent(now)].copy()
-        first_only = list(self._settings.first_point_joints)
-        executing[first_only] = self._sent[0, first_only]
+        executing = self._executing(now)
         if not self._unheard.any():
             return executing
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
         return None if measured is None else np.where(self._unheard, measured, executing)
+
+    def _hold_reference(self, now: float) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """
+        Return what a hold steps from (J,) and the joints (J,) it goes to (None: all), or (None, None).
+
+        With stale joint states the unheard joints have nothing to step from (their next
+        message must start from a measurement), but the others do: what their controllers
+        execute. So the hold goes to them, and their controllers stop instead of running on.
+        """
+        reference = self._reference(now)
+        if reference is None and self._sent is not None and not self._unheard.all():
+            return self._executing(now), ~self._unheard
+        return reference, None
+
+    def _executing(self, now: float) -> np.ndarray:
+        """Return the point (J,) of the last message the controllers execute now (one was sent)."""
+        executing = self._sent[self._periods_since_sent(now)].copy()
+        first_only = list(self._settings.first_point_joints)
+        executing[first_only] = self._sent[0, first_only]
+        return executing
 
     def _periods_since_sent(self, now: float) -> int:
         """Return the index of the point of the last message due now (point i at (i + 1) periods)."""

@@ -148,11 +148,18 @@ class CommandOutputs:
         """Return the resolved topic of every group."""
         return tuple(publisher.topic_name for publisher in self._publishers)
 
-    def publish(self, points: np.ndarray, dt: float) -> None:
-        """Publish safe points (T, J): each group its joints' columns, row 0 at ``dt``."""
+    def publish(self, points: np.ndarray, dt: float, joints: np.ndarray | None = None) -> None:
+        """
+        Publish safe points (T, J): each group its joints' columns, row 0 at ``dt``.
+
+        ``joints`` (J,): only the groups whose joints it marks (the loop's hold to the topics
+        that listen); None: every group.
+        """
         velocities = trajectory_velocities(points, dt) if self._velocities else None
         for group, publisher in zip(self._groups, self._publishers):
             columns = list(group.indices)
+            if joints is not None and not joints[columns].all():
+                continue
             if group.interface == 'joint_trajectory':
                 publisher.publish(chunk_to_joint_trajectory(
                     points[:, columns], group.joints, dt,

@@ -305,9 +305,9 @@ class PolicyWiring:
         self._check_command_topic()
         self._loop.watchdog(self._now())
 
-    def _publish(self, points: np.ndarray, obs_times: np.ndarray | None) -> None:
-        """Publish for the loop (its sink): safe points (T, J), split over the command groups."""
-        self._outputs.publish(points, 1.0 / self._settings.control_rate_hz)
+    def _publish(self, points: np.ndarray, obs_times: np.ndarray | None, joints: np.ndarray | None) -> None:
+        """Publish for the loop (its sink): safe points (T, J), split over the command groups (``joints``' only)."""
+        self._outputs.publish(points, 1.0 / self._settings.control_rate_hz, joints)
 
     # ------------------------------------------------------------------ episodes
     def _on_reset_episode(self, request: Trigger.Request,
