@@ -13,7 +13,9 @@ ros2 launch exits 0.
 
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
+import shutil
 import tempfile
 import unittest
 
@@ -54,6 +56,7 @@ def robot_config(folder: Path) -> tuple[Path, dict]:
 def generate_test_description():
     """Run ros2 launch on a domain of its own, with a hub-id checkpoint from a test cache."""
     work = Path(tempfile.mkdtemp(prefix='vla_launch_'))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)     # after launch_testing stopped the launch
     make_cache(work / 'hub', save_random_checkpoint(work / 'tiny', 'tiny', 2, seed=1))
     config, params = robot_config(work)
     domain_id = next_domain_id()
