@@ -51,6 +51,35 @@ def project_logs_reach_caplog():
             logger.propagate = True
 
 
+class SimulatedTime:
+    """
+    The ``time`` of ``core/policy.py`` in tests of the warm-up races: a chunk takes what the test says.
+
+    The races time real chunks; on a busy machine (another test compiling on the other core) a
+    real chunk can take longer than the margin a test gives, so those tests time by this clock,
+    which moves only by what the test's stand-in chunks ``sleep``.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def simulated_time(monkeypatch) -> SimulatedTime:
+    """Replace the clock the policy's warm-up races read by a ``SimulatedTime``."""
+    from vla_policy_node.core import policy
+
+    clock = SimulatedTime()
+    monkeypatch.setattr(policy, "time", clock)
+    return clock
+
+
 @pytest.fixture
 def reference_dir():
     """Folder of one family's LeRobot reference fixture; skips only when the shared folder is absent."""

@@ -138,14 +138,12 @@ def test_node_settings_reach_the_loop_and_the_scheduler():
     assert loop_settings(forward).plan_points == 1
 
 
-def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_names_them(monkeypatch):
+def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_names_them(monkeypatch, simulated_time):
     """
     Compile the server's buckets in make_policy's warm-up, race them, name them in the ready line.
 
-    A stand-in for the compiler records which batch sizes the warm-up built.
+    A stand-in for the compiler records which batch sizes the warm-up built; chunks take simulated time.
     """
-    import time
-
     from vla_policy_node.core.shape_buckets import batch_buckets
     from vla_policy_node.models import build_tiny_policy
     from vla_policy_node.ros import policy_loader
@@ -163,7 +161,7 @@ def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_nam
                 rows, _ = runtime.bucketed(inputs, noise) if compiled else (inputs, noise)
                 if compiled and runtime.build_new_signatures:
                     built.add(rows.batch_size)
-                time.sleep(0.001 * rows.batch_size if compiled else 0.01 * inputs.batch_size)
+                simulated_time.sleep(0.001 * rows.batch_size if compiled else 0.01 * inputs.batch_size)
                 return eager(inputs, noise, guide)
             finally:
                 runtime.torch_compile = compiled

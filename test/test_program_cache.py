@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -239,9 +238,9 @@ def test_a_build_killed_midway_leaves_no_staging_folder_behind(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("staging-*")) == [live.name]
 
 
-def timed_compile(monkeypatch, seconds) -> object:
+def timed_compile(monkeypatch, clock, seconds) -> object:
     """
-    Return a tiny policy whose chunks run eager, after ``seconds(compiled, rows)`` of sleep: a stand-in for speed.
+    Return a tiny policy whose chunks run eager and take ``seconds(compiled, rows)`` by ``clock``: a stand-in for speed.
 
     rows: the batch the call would run, padded up to the runtime's batch bucket when compiled. The batch
     sizes "compiled" (called while the runtime may build) are listed in ``policy.built_batches``.
@@ -259,7 +258,7 @@ def timed_compile(monkeypatch, seconds) -> object:
             if runtime.build_new_signatures:
                 policy.built_batches.append(rows)
         try:
-            time.sleep(seconds(compiled, rows))
+            clock.sleep(seconds(compiled, rows))
             return eager(inputs, noise, guide)
         finally:
             runtime.torch_compile = compiled
@@ -268,9 +267,9 @@ def timed_compile(monkeypatch, seconds) -> object:
     return policy
 
 
-def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
+def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch, simulated_time):
     """Never slower than eager: compiled code measured slower in the warm-up is refused, with the reason."""
-    policy = timed_compile(monkeypatch, lambda compiled, rows: 0.05 if compiled else 0.0)
+    policy = timed_compile(monkeypatch, simulated_time, lambda compiled, rows: 0.05 if compiled else 0.0)
     runtime = policy.runtime
     runtime.batch_sizes = (1, 2, 4, 8)
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
@@ -281,16 +280,19 @@ def test_a_compiled_policy_that_loses_the_warm_up_race_runs_eager(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled_s, kept_compiled, threads", [(0.04, False, 1), (0.002, True, None)])
-def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s, kept_compiled, threads):
+def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, simulated_time, compiled_s, kept_compiled,
+                                                         threads):
     """
     Eager is 60 ms with 2 threads but 20 ms with 1: compiled code at 40 ms loses to the eager that won its race.
 
-    The margins are wide (each call also runs the real eager chunk, whose time varies on a loaded machine).
+    The times are the simulated clock's: each call also runs the real eager chunk, whose own time would vary
+    with the load (another test compiling on the other core made the 2 ms compiled chunk lose here).
     """
     from vla_policy_node.core.policy import cpu_threads
 
-    policy = timed_compile(
-        monkeypatch, lambda compiled, rows: compiled_s if compiled else 0.02 if torch.get_num_threads() == 1 else 0.06)
+    def seconds(compiled, rows):
+        return compiled_s if compiled else 0.02 if torch.get_num_threads() == 1 else 0.06
+    policy = timed_compile(monkeypatch, simulated_time, seconds)
     runtime = policy.runtime
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)
@@ -300,7 +302,8 @@ def test_compiled_code_races_the_best_eager_thread_count(monkeypatch, compiled_s
     assert ("compiled code won" in policy.threads_report) == kept_compiled
 
 
-def test_a_batch_bucket_whose_padded_compiled_batch_loses_to_eager_is_dropped_with_the_larger(monkeypatch):
+def test_a_batch_bucket_whose_padded_compiled_batch_loses_to_eager_is_dropped_with_the_larger(
+        monkeypatch, simulated_time):
     """
     Drop a losing batch bucket and every larger one.
 
@@ -309,7 +312,8 @@ def test_a_batch_bucket_whose_padded_compiled_batch_loses_to_eager_is_dropped_wi
     so 8 and 16 are dropped (batches of 5 rows or more run eager).
     """
     compiled_s = {1: 0.01, 2: 0.02, 4: 0.04, 8: 0.4, 16: 0.8}
-    policy = timed_compile(monkeypatch, lambda compiled, rows: compiled_s[rows] if compiled else 0.05 * rows)
+    policy = timed_compile(monkeypatch, simulated_time,
+                           lambda compiled, rows: compiled_s[rows] if compiled else 0.05 * rows)
     runtime = policy.runtime
     runtime.batch_sizes = (1, 2, 4, 8, 16)
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=2)

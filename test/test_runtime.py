@@ -2,7 +2,6 @@
 """PolicyRuntime and Policy on the tiny model: prefix once per step, counters, equality with the naive path."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -129,23 +128,24 @@ def test_warmup_does_not_count_as_control_steps():
     assert np.isnan(s.latency("total")[0]) and len(policy.runtime.cache) == 0
 
 
-def thread_sensitive(policy, monkeypatch, seconds_by_threads):
-    """Make each chunk sleep by the torch thread count it runs with; returns the counts seen."""
+def thread_sensitive(policy, monkeypatch, clock, seconds_by_threads):
+    """Make each chunk take, by ``clock``, a time set by its torch thread count; returns the counts seen."""
     sample, seen = policy.runtime.sample, []
 
     def timed(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        time.sleep(seconds_by_threads(seen[-1]))
+        clock.sleep(seconds_by_threads(seen[-1]))
         return sample(*args, **kwargs)
     monkeypatch.setattr(policy.runtime, "sample", timed)
     return seen
 
 
 @pytest.mark.parametrize("one_thread_s, two_threads_s, kept", [(0.002, 0.03, 1), (0.03, 0.002, 2)])
-def test_warmup_keeps_the_faster_cpu_thread_count_for_its_own_chunks_only(monkeypatch, one_thread_s,
-                                                                          two_threads_s, kept):
+def test_warmup_keeps_the_faster_cpu_thread_count_for_its_own_chunks_only(monkeypatch, simulated_time,
+                                                                          one_thread_s, two_threads_s, kept):
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=3)
-    seen = thread_sensitive(policy, monkeypatch, lambda n: one_thread_s if n == 1 else two_threads_s)
+    seen = thread_sensitive(policy, monkeypatch, simulated_time,
+                            lambda n: one_thread_s if n == 1 else two_threads_s)
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation())
         assert {1, 2} <= set(seen)                                 # both raced
@@ -161,24 +161,24 @@ def test_warmup_keeps_the_faster_cpu_thread_count_for_its_own_chunks_only(monkey
     assert (s.control_steps, s.prefix_passes) == (2, 2)            # the race was warm-up, not control steps
 
 
-def test_no_thread_race_with_one_thread_or_a_compute_bound_chunk(monkeypatch):
+def test_no_thread_race_with_one_thread_or_a_compute_bound_chunk(monkeypatch, simulated_time):
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=3)
     with cpu_threads(1):
         policy.warmup(policy.dummy_observation())
     assert policy.threads is None and policy.threads_report == ""
-    seen = thread_sensitive(policy, monkeypatch, lambda n: 0.6)    # over 0.5 s: every thread pays
+    seen = thread_sensitive(policy, monkeypatch, simulated_time, lambda n: 0.6)   # over 0.5 s: every thread pays
     with cpu_threads(2):
         policy.warmup(policy.dummy_observation(), iterations=1)
     assert policy.threads is None and policy.threads_report == "" and set(seen) == {2}
 
 
-def test_thread_choice_leaves_the_actions_unchanged(monkeypatch):
+def test_thread_choice_leaves_the_actions_unchanged(monkeypatch, simulated_time):
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=3)
     o = policy.dummy_observation()
     noise = np.random.default_rng(1).normal(size=(1, 8, 32)).astype(np.float32)
     with cpu_threads(2):
         reference = policy.predict_action_chunk(o, noise)
-        thread_sensitive(policy, monkeypatch, lambda n: 0.0 if n == 1 else 0.03)
+        thread_sensitive(policy, monkeypatch, simulated_time, lambda n: 0.0 if n == 1 else 0.03)
         policy.warmup(o)
         assert policy.threads == 1
         np.testing.assert_allclose(policy.predict_action_chunk(o, noise), reference, atol=1e-6)
