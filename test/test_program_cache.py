@@ -364,6 +364,24 @@ def test_compiler_settings_in_the_environment_are_part_of_the_key(monkeypatch):
     assert "TORCHINDUCTOR_CACHE_DIR" not in compiler_settings()["env"]
 
 
+def test_prompt_padding_and_camera_names_stay_out_of_the_program_key():
+    """Same weights saved with `longest` or `max_length` padding share programs; a model setting does not."""
+    import dataclasses
+
+    from vla_policy_node.models import build_tiny_policy
+
+    def key(**kwargs):
+        return build_tiny_policy(chunk_size=8, num_steps=2, **kwargs).runtime.program_key()
+    plain = key()
+    assert key(padding="longest") == plain
+    assert key(camera_names=("wrist",)) == plain            # the camera count is in each program's signature
+    assert key(seed=1)["weights"] != plain["weights"]
+    policy = build_tiny_policy(chunk_size=8, num_steps=2)
+    model = policy.runtime.model
+    model.config = dataclasses.replace(model.config, max_period=2.0)
+    assert policy.runtime.program_key()["config"] != plain["config"]
+
+
 def _core_imports(core: Path) -> dict[str, set[str]]:
     """Each core module (``families/pi0.py``) and the core modules it imports by name."""
     files = {str(p.relative_to(core)) for p in core.rglob('*.py')}

@@ -9,6 +9,7 @@ never looks inside them, so every family gets the same prefix-once guarantee.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import deque
@@ -27,6 +28,10 @@ from .shape_buckets import smallest_holding, with_batch_size, with_prompt_length
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
+# Config fields only the preprocessor reads: the prompt and image shapes they lead to are in each
+# program's input signature, so they stay out of the program key, and a checkpoint saved with
+# `longest` prompt padding shares its programs with the same weights saved with `max_length`.
+INPUT_ONLY_CONFIG_FIELDS = frozenset({"tokenizer_max_length", "pad_language_to", "image_size", "camera_names"})
 
 
 class FlowMatchingVLA(Protocol):
@@ -196,7 +201,7 @@ class PolicyRuntime:
                 "torch": torch.__version__, "device": device_kind(self.device), "source": source_digest(),
                 "model": type(model).__qualname__,
                 "structure": _text_digest(repr(model)),
-                "config": _text_digest(repr(getattr(model, "config", None))),
+                "config": _config_digest(getattr(model, "config", None)),
                 "backend": str(getattr(model, "backend", None)),
                 "weights": tensors_digest([*model.named_parameters(), *model.named_buffers()]),
                 "schedule": tensors_digest([("dt", self.dt), *((f"t{i}", t) for i, t in enumerate(self.time_cond))]),
@@ -276,6 +281,15 @@ class PolicyRuntime:
 
 def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _config_digest(config: object) -> str:
+    """Digest of what a model config sets for the model itself (``INPUT_ONLY_CONFIG_FIELDS`` left out)."""
+    if not dataclasses.is_dataclass(config):
+        return _text_digest(repr(config))
+    kept = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.name not in INPUT_ONLY_CONFIG_FIELDS}
+    return _text_digest(f"{type(config).__qualname__} {kept!r}")
 
 
 class CudaGraphSample:
