@@ -48,7 +48,7 @@ def test_the_loop_knows_which_joints_get_only_the_first_point_of_a_trajectory():
     loop = loop_settings(settings_from_values({**VALUES, **GROUPS}))
     assert loop.plan_points == 0 and loop.first_point_joints == (5,)
     single = loop_settings(settings_from_values({**VALUES, **GROUPS, 'trajectory_points': 1}))
-    assert single.first_point_joints == ()
+    assert single.first_point_joints == (5,)        # its controller holds the first point of what it got
 
 
 @pytest.mark.parametrize('change, message', [

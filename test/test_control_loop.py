@@ -8,6 +8,7 @@ list), each as an example.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from loop_harness import ScriptedInference
@@ -327,10 +328,10 @@ def test_a_chunk_of_another_width_than_the_joints_is_refused_with_its_reason(wid
 
 
 def test_actions_age_from_the_oldest_input_of_their_observation_not_from_the_request():
-    """A frame 0.45 s old when the request starts: its actions expire 0.05 s later, not 0.5 s."""
+    """A frame 0.4 s old when the request starts: its actions expire 0.1 s later, not 0.5 s."""
     rig = Rig(max_observation_age=0.5, max_action_age=0.5)
     rig.loop.on_image('front', FRAME, 100.0, None)
-    rig.now = 100.45
+    rig.now = 100.4
     rig.loop.on_joint_state(JOINTS, [0.0, 0.0, 0.0], rig.now, None)
     rig.loop.tick(rig.now)
     request = rig.inference.pending
@@ -345,7 +346,7 @@ def test_actions_age_from_the_oldest_input_of_their_observation_not_from_the_req
             published.append(rig.now)
         states.append(rig.state())
         rig.inference.pending = None
-    assert published and all(due - 100.0 <= 0.5 + 1e-9 for due in published), published
+    assert published and all(at + DT - 100.0 <= 0.5 + 1e-9 for at in published), published    # reached at + DT
     assert any('more than max_action_age' in state for state in states), states
 
 
@@ -727,3 +728,78 @@ def test_after_the_clock_goes_back_the_hold_repeats_the_point_the_controllers_ru
     assert times is None
     due = points[min(3, len(points) - 1)]       # point i is due (i + 1) periods after it left: four ticks
     np.testing.assert_allclose(hold[0], due, err_msg='the hold repeats the point executed, not the first')
+
+
+def test_points_per_message_changed_at_run_time_still_step_a_forward_joint_from_its_first_point():
+    """A gripper on a forward command controller took only the first point of a 4-point message."""
+    rig = Rig(plan_points=0, first_point_joints=(2,))
+    rig.step([0.0, 0.0, 0.0], chunk=np.column_stack([0.1 * np.arange(1, 5)] * 3))
+    rig.step([0.0, 0.0, 0.0])
+    points, _ = rig.sent[-1]
+    assert len(points) >= 3
+    held = points[0, 2]
+    rig.loop.update(dataclasses.replace(rig.loop.settings, plan_points=1))     # trajectory_points: 1
+    assert 'first_point_joints' in rig.loop.check_update(dataclasses.replace(rig.loop.settings,
+                                                                             first_point_joints=()))
+    rig.now += 3 * DT                   # a late tick: the arm's controller ran on through its points
+    rig.wall += 3 * DT
+    rig.feed([0.0, 0.0, 0.0])
+    rig.loop.tick(rig.now)
+    assert abs(rig.sent[-1][0][0, 2] - held) <= 0.1 + 1e-12
+
+
+def test_every_row_sent_is_fresh_when_its_trajectory_point_is_reached():
+    """Point i of a message is reached (i + 1) periods after it left: its observation is aged then."""
+    rig = Rig(plan_points=0, max_observation_age=0.5, max_action_age=0.2)
+    published = []
+    sink = rig.loop._sink
+    rig.loop._sink = lambda p, t, j: (published.append((rig.now, p.copy(), t)), sink(p, t, j))
+    rig.step([0.0, 0.0, 0.0], chunk=np.full((4, 3), 0.01))
+    for _ in range(6):
+        rig.step([0.0, 0.0, 0.0])
+    actions = [(at, times) for at, _, times in published if times is not None]
+    assert actions
+    for at, times in actions:
+        reached = at + DT * np.arange(1, len(times) + 1)
+        assert np.all(reached - times <= 0.2 + 1e-9), reached - times
+
+
+def test_a_protective_stop_walks_no_further_while_the_loop_clock_stands_still():
+    """A paused simulator: the wall-clock watchdog fires, the walk waits for the loop clock."""
+    rig = latched_rig()                 # its last step sent a period before rig.now
+    before, count = rig.commands()[-1].copy(), len(rig.sent)
+    rig.wall += 1.0
+    for _ in range(5):
+        rig.loop.watchdog(rig.now)
+        rig.wall += 0.1
+    assert 'no control tick' in rig.state()
+    assert len(rig.sent) == count + 1, 'the period that passed: one step; the clock stands still: no more'
+    assert np.abs(rig.commands()[-1] - before).max() <= 0.1 + 1e-12
+    rig.now += DT / 2                   # the clock runs again; a tick half a period later steps no further
+    rig.wall += DT / 2
+    rig.feed([0.2, 0.2, 0.0])
+    rig.loop.tick(rig.now)
+    assert len(rig.sent) == count + 1
+    rig.now += DT / 2
+    rig.wall += DT / 2
+    rig.feed([0.2, 0.2, 0.0])
+    rig.loop.tick(rig.now)
+    assert len(rig.sent) == count + 2
+
+
+def test_an_unheard_joint_measured_beyond_its_limits_does_not_keep_the_hold_from_the_others():
+    """The gripper's controller died and the limp gripper reads beyond its limit: the arm still stops."""
+    rig = Rig(plan_points=0)
+    chunk = np.column_stack([0.05 * np.arange(1, 5)] * 2 + [np.full(4, 3.0)])
+    for _ in range(3):
+        rig.step([0.0, 0.0, 3.0], chunk=chunk + (rig.commands()[-1] * [1, 1, 0] if rig.sent else 0))
+    points, times = rig.sent[-1]
+    assert times is not None and len(points) > 1
+    count = len(rig.sent)
+    rig.loop.set_command_link(subscribers=0, other_publishers=0, topic='/gripper', unheard_joints=[2])
+    rig.feed([points[0, 0], points[0, 1], 3.5])         # upper limit 3.14, one step 0.1
+    rig.loop.tick(rig.now)
+    assert len(rig.sent) == count + 1, 'no hold sent to the arm'
+    hold, obs_times = rig.sent[-1]
+    assert obs_times is None and rig.sent_to[-1].tolist() == [True, True, False]
+    np.testing.assert_allclose(hold[0, :2], points[0, :2])

@@ -20,13 +20,18 @@ stalled clock and a stop, every command that leaves the loop is:
 * after an operator's restart, within one step of the measured state;
 * absent while another publisher is on the command topic; only holds while nobody
   subscribes; after stop nothing but the one final hold;
-* sent to some command topics only if it is a hold, to exactly those with a subscriber: when
-  one topic has none and the joint states are stale, the others still get their hold.
+* sent to some command topics only if it is a hold, to exactly the joints with a usable start:
+  when one topic has had no subscriber and the joint states are stale (or its joints are
+  measured beyond their limits by more than a step), the others still get their hold;
+* in a protective stop, one step of the walk back per period of the loop clock at most
+  (none from a watchdog while the clock stands still), with the plan's points per message
+  changed at run time or not, and a gripper on a controller that takes the first point only.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+import dataclasses
 import math
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -35,7 +40,7 @@ import numpy as np
 from loop_harness import ScriptedInference
 
 from vla_policy_node.core.chunking import SchedulerConfig
-from vla_policy_node.core.control_loop import ControlLoop, LoopSettings
+from vla_policy_node.core.control_loop import ControlLoop, EARLY_TICK, LoopSettings
 from vla_policy_node.core.safety import MotionLimits
 
 JOINTS = ('a', 'b', 'c')
@@ -66,6 +71,7 @@ class Checker:
         self.published = Counter()
         self.latches_restarted = 0  # tracking errors latched before the last operator restart
         self.last_tick: float | None = None
+        self.walking = False    # the last message was a step of a protective stop's walk
 
     def sink(self, points: np.ndarray, obs_times: np.ndarray | None, joints: np.ndarray | None) -> None:
         loop_settings = self.loop.settings
@@ -73,24 +79,27 @@ class Checker:
         hold = obs_times is None
         assert self.allowed or (hold and not self.contested), \
             'published while another publisher or (but a hold) no subscriber is on the topic'
+        measured = self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age)
         if joints is not None:
-            # To some topics only: a hold, to exactly those that listen, each stepping from what its
-            # controller executes (the others' next message must step from a measurement).
+            # To some topics only: a hold, to exactly the joints with a start: what their controller
+            # executes, or for an unheard joint a measurement a safe command can step from.
             assert hold and self.sent is not None, 'only a hold goes to some topics, after a first message'
-            assert np.array_equal(joints, ~self.unheard) and joints.any(), (joints, self.unheard)
-            assert self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age) is None, \
-                'to some topics only although a fresh joint state would have served them all'
+            step = limits.max_delta(DT)
+            usable = np.zeros(len(JOINTS), bool) if measured is None else \
+                (measured >= limits.lower - step) & (measured <= limits.upper + step)
+            unusable = self.unheard & ~usable
+            assert np.array_equal(joints, ~unusable) and joints.any(), (joints, self.unheard, measured)
             self.published['hold to the topics that listen'] += 1
             self.published['... while all have a subscriber again'] += self.allowed
+            self.published['... with fresh joint states'] += measured is not None
         if self.stopped:
             self.after_stop += 1
             assert self.after_stop == 1, 'published after the final hold'
         assert np.all(np.isfinite(points))
         assert limits.contains(points), (points, limits.lower, limits.upper)
         max_delta = limits.max_delta(DT) + 1e-9
-        measured = self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age)
         reference = self.executing()
-        if joints is None and (reference is None or self.unheard.any()):
+        if reference is None or (self.unheard & (True if joints is None else joints)).any():
             assert measured is not None, 'the first command of a segment needs a measured state'
             reference = measured if reference is None else np.where(self.unheard, measured, reference)
         latched = self.loop._counters['tracking_error_holds'] > self.latches_restarted
@@ -98,6 +107,11 @@ class Checker:
             # A protective stop: each hold steps the setpoint toward where the joints were found (inside the limits).
             target = np.clip(self.loop._yield_target, limits.lower, limits.upper)
             assert np.all(np.abs(points - target) <= np.abs(reference - target) + 1e-9), (points, reference, target)
+            if self.walking and not self.stopped:
+                assert self.now - self.sent_at >= (1 - EARLY_TICK) * DT - 1e-9, \
+                    ('two steps of the walk within one period', self.now, self.sent_at)
+                self.published['protective stop walk step'] += 1
+            self.walking = True
             self.published['protective stop hold'] += 1
         elif self.sent is not None and self.loop.hold_reason is not None:
             # After a hold (or a final hold while holding): only for a robot on its way from where
@@ -122,12 +136,14 @@ class Checker:
         assert np.all(np.abs(np.diff(chain, axis=0)) <= max_delta), (chain, max_delta)
         if obs_times is not None:
             age_limit = loop_settings.action_age_limit(4)
-            due = self.now + DT * np.arange(len(points))
+            at_once = len(loop_settings.first_point_joints) == len(JOINTS)
+            due = self.now + DT * (np.arange(len(points)) + (0 if at_once else 1))
             assert np.all(due - obs_times <= age_limit + 1e-9), (due, obs_times, age_limit)
             assert np.all(obs_times <= due + 1e-9), ('an observation from the future', due, obs_times)
             assert set(obs_times.tolist()) <= self.delivered
         self.published['segment start' if self.sent is None or self.unheard.any() else 'continued'] += 1
         self.published['hold' if hold else 'action'] += 1
+        self.walking &= hold and latched
         self.sent, self.sent_at = points.copy(), self.now
         if not hold:
             self.commanded_at = self.loop._inputs.last_positions()
@@ -146,7 +162,10 @@ class Checker:
             return None
         now = self.now if self.last_tick is None else max(self.now, self.last_tick)
         due = int(round((now - self.sent_at) / DT)) - 1
-        return self.sent[min(max(due, 0), len(self.sent) - 1)]
+        executing = self.sent[min(max(due, 0), len(self.sent) - 1)].copy()
+        first_only = list(self.loop.settings.first_point_joints)    # they took the first point only
+        executing[first_only] = self.sent[0, first_only]
+        return executing
 
     def restart(self) -> None:
         """Follow an operator's restart: tracked joints and those off their way step from the measured state."""
@@ -207,6 +226,7 @@ operation = st.one_of(
     st.tuples(st.just('limits'), st.tuples(st.sampled_from([1.0, 0.9, 0.5, 1.2]),
                                            st.sampled_from([0.1, 0.05, 0.2]))),
     st.tuples(st.just('watchdog'), st.sampled_from([0.1, 1.0])),
+    st.tuples(st.just('points'), st.sampled_from([0, 1, 3])),     # trajectory_points set at run time
     st.tuples(st.just('restart'), st.just(None)),
     st.tuples(st.just('stop'), st.just(None)),
 )
@@ -219,15 +239,25 @@ COVERAGE: Counter = Counter()       # what the generated sequences exercised, su
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(operation, min_size=10, max_size=60),
        st.sampled_from(['latest', 'weighted', 'temporal_ensemble']),
-       st.sampled_from([0, 1]), st.sampled_from([0.0, 0.3]), st.sampled_from([None, None, 0.3]))
-def run_sequence(operations, blend, points, max_action_age, tracking):
-    """Play one sequence against a fresh loop; the checker asserts at every command."""
+       st.sampled_from([0, 1]), st.sampled_from([0.0, 0.3]), st.sampled_from([None, None, 0.3]),
+       st.sampled_from(['trajectory', 'trajectory', 'forward gripper', 'forward']))
+def run_sequence(operations, blend, points, max_action_age, tracking, controllers):
+    """
+    Play one sequence against a fresh loop; the checker asserts at every command.
+
+    controllers: every joint on a trajectory controller; the gripper on a forward command
+    controller (it takes a message's first point only); or all of them (one point per message).
+    """
+    first_point = {'trajectory': (), 'forward gripper': (2,), 'forward': (0, 1, 2)}[controllers]
+    if controllers == 'forward':
+        points = 1
     checker = Checker()
     wall = [0.0]
     inference = ScriptedInference()
     loop = ControlLoop(
         LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(1.0, ENVELOPE.max_step, tracking),
-                     max_observation_age=0.5, max_action_age=max_action_age, plan_points=points),
+                     max_observation_age=0.5, max_action_age=max_action_age, plan_points=points,
+                     first_point_joints=first_point),
         SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend), inference, checker.sink,
         wall_clock=lambda: wall[0])
     checker.loop = loop
@@ -313,9 +343,7 @@ def run_sequence(operations, blend, points, max_action_age, tracking):
             loop.tick(checker.now)
         elif kind == 'limits':
             scale, step = value
-            proposed = LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(scale, step, tracking),
-                                    max_observation_age=0.5, max_action_age=max_action_age,
-                                    plan_points=points)
+            proposed = dataclasses.replace(loop.settings, limits=scaled_limits(scale, step, tracking))
             reason = loop.check_update(proposed)
             if scale > 1.0 or step > ENVELOPE.max_step:
                 assert reason is not None and 'tighten' in reason
@@ -326,6 +354,8 @@ def run_sequence(operations, blend, points, max_action_age, tracking):
         elif kind == 'watchdog':
             wall[0] += value
             loop.watchdog(now)
+        elif kind == 'points' and controllers != 'forward':
+            loop.update(dataclasses.replace(loop.settings, plan_points=value))
         elif kind == 'restart':         # an operator: start again from the measured state
             if loop.restart_from_measured(now) is None:
                 checker.restart()
@@ -356,3 +386,5 @@ def test_every_command_is_safe_whatever_happens():
     assert COVERAGE['restarts'] >= 100 and COVERAGE['protective stop hold'] >= 100, COVERAGE
     assert COVERAGE['hold to the topics that listen'] >= 50, COVERAGE
     assert COVERAGE['... while all have a subscriber again'] >= 20, COVERAGE
+    assert COVERAGE['... with fresh joint states'] >= 3, COVERAGE      # an unheard joint beyond its limits
+    assert COVERAGE['protective stop walk step'] >= 120, COVERAGE

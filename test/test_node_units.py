@@ -136,6 +136,7 @@ def test_node_settings_reach_the_loop_and_the_scheduler():
     assert loop.max_action_age == 0.7 and loop.plan_points == 5
     forward = settings_from_values({**VALUES, 'command_interface': 'forward_command', 'trajectory_points': 5})
     assert loop_settings(forward).plan_points == 1
+    assert loop_settings(forward).first_point_joints == tuple(range(len(VALUES['joint_names'])))
 
 
 def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_names_them(monkeypatch, simulated_time):

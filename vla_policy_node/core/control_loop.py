@@ -22,8 +22,9 @@ caller of ``sink``. It guarantees, for every published point:
   must then be fresh: the first ever, and, for the joints of a command topic that had no
   subscriber (so nothing sent to them meanwhile was received), the first after it; the
   joints of the other topics keep stepping from what their controllers last received (so a
-  hold still reaches them when the joint states are stale: it goes to their topics only,
-  never to one whose next message must step from a measurement). A
+  hold still reaches them when the joint states are stale, or an unheard joint is measured
+  beyond its limits: it goes to their topics only, never to one whose next message has no
+  usable measurement to step from). A
   robot measured outside its limits by more than one step cannot be reached by a safe
   command, so nothing is sent and the loop says so;
 * after a hold (and for a last hold sent while holding), never for a robot moved meanwhile:
@@ -40,10 +41,13 @@ caller of ``sink``. It guarantees, for every published point:
   point its controller executes (when set): it does not follow (a controller switched off, a
   joint blocked or pushed), and stepping on would leave its controller that far ahead of it
   when it follows again. The loop holds, stepping the checked joints' setpoint back to where
-  they were found, one step per period (a last hold sends the rest of the way at once), and
+  they were found, one step per period of the loop clock (none while it stands still; a last
+  hold sends the rest of the way at once), and
   stays latched (a protective stop) until an operator's :meth:`ControlLoop.restart_from_measured`;
-* computed from observations at most ``max_action_age`` old at the time it is to execute
-  (holds repeat the point being executed, or the measured state, and compute nothing).
+* computed from observations at most ``max_action_age`` old at the time it is to execute:
+  point i reached (i + 1) periods after it left, or at once where every controller takes the
+  first point only (holds repeat the point being executed, or the measured state, and
+  compute nothing).
 
 Episode resets clear the plan and the policy's cache but never the last published command:
 the step limit survives resets. Holds: when commanding stops (bad input, no plan, a policy
@@ -82,6 +86,7 @@ LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clam
                  'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds')
 LOG_PERIOD_S = 2.0
 MAX_HOLD_POINTS = 1000      # a last hold walking back to where the robot was found: at most this many
+EARLY_TICK = 0.1            # a latched walk steps on a tick at most this fraction of a period early (timer jitter)
 
 
 class Inference(Protocol):
@@ -241,7 +246,7 @@ class ControlLoop:
 
     def check_update(self, settings: LoopSettings) -> str | None:
         """Say why ``settings`` may not replace the current ones, or None when they may."""
-        fixed = ('joint_names', 'camera_names', 'control_rate_hz')
+        fixed = ('joint_names', 'camera_names', 'control_rate_hz', 'first_point_joints')
         changed = [name for name in fixed if getattr(settings, name) != getattr(self._settings, name)]
         if changed:
             return f'{changed} cannot change while the loop runs'
@@ -472,8 +477,11 @@ class ControlLoop:
         Stop commanding; on the transition, send one hold command and log why.
 
         While a protective stop is latched it stays the reason (another cause is appended), and
-        every tick sends one more step of the walk back to where the joints were found, until
-        the setpoint is there: one point per message, so a forward command controller walks too.
+        each period of the loop clock sends one more step of the walk back to where the joints
+        were found, until the setpoint is there: one point per message, so a forward command
+        controller walks too. Not on every call: the watchdog (a stopped clock) and a late
+        policy result call this between ticks, and a step each time would outrun the velocity
+        limit (a paused simulator would take the whole walk in one period when it resumes).
         """
         latch = self._not_following_fault
         if latch is not None and why is not latch:
@@ -487,7 +495,8 @@ class ControlLoop:
         else:
             if why.reason != self._hold_reason:
                 self._limited_log('hold', 'warning', f'holding: {why.reason}')
-            if latch is not None and not self._walked_back(now):
+            walk_due = now - self._sent_at >= (1.0 - EARLY_TICK) * self._settings.dt
+            if latch is not None and walk_due and not self._walked_back(now):
                 self._emit(now, None)
         self._hold_reason, self._hold_level = why.reason, why.level
 
@@ -569,14 +578,24 @@ class ControlLoop:
         """
         Return what a hold steps from (J,) and the joints (J,) it goes to (None: all), or (None, None).
 
-        With stale joint states the unheard joints have nothing to step from (their next
-        message must start from a measurement), but the others do: what their controllers
-        execute. So the hold goes to them, and their controllers stop instead of running on.
+        An unheard joint's next message must start from a measurement. With stale joint states
+        there is none, and one beyond the joint's limits by more than a step (a limp gripper
+        whose controller died) leaves nothing safe to send it; the other joints still have a
+        start: what their controllers execute. So the hold goes to them, and their controllers
+        stop instead of running on through a plan the loop has dropped.
         """
         reference = self._reference(now)
-        if reference is None and self._sent is not None and not self._unheard.all():
-            return self._executing(now), ~self._unheard
-        return reference, None
+        if self._sent is None or not self._unheard.any():
+            return reference, None
+        unusable = self._unheard.copy()
+        if reference is not None:
+            limits = self._settings.limits
+            step = limits.max_delta(self._settings.dt)
+            unusable &= (reference < limits.lower - step) | (reference > limits.upper + step)
+        if not unusable.any() or unusable.all():
+            return reference, None
+        executing = self._executing(now)
+        return (executing if reference is None else np.where(unusable, executing, reference)), ~unusable
 
     def _executing(self, now: float) -> np.ndarray:
         """Return the point (J,) of the last message the controllers execute now (one was sent)."""
@@ -673,9 +692,16 @@ class ControlLoop:
         return self._not_following_fault
 
     def _fresh_rows(self, now: float, plan: Plan) -> np.ndarray | None:
-        """Return the leading rows of ``plan`` still fresh when they execute (row i at now + i * dt)."""
-        limit = self._settings.action_age_limit(self._scheduler.config.horizon)
-        due = now + self._settings.dt * np.arange(len(plan.actions))
+        """
+        Return the leading rows of ``plan`` still fresh when they execute.
+
+        Row i is reached (i + 1) periods after it leaves (a trajectory point's
+        ``time_from_start``), or at once where every controller takes the first point only.
+        """
+        settings = self._settings
+        limit = settings.action_age_limit(self._scheduler.config.horizon)
+        at_once = len(settings.first_point_joints) == len(settings.joint_names)
+        due = now + settings.dt * (np.arange(len(plan.actions)) + (0 if at_once else 1))
         age = due - plan.obs_times
         fresh = (age <= limit) & (age >= 0.0)          # an observation from the future: a clock gone back
         count = len(fresh) if fresh.all() else int(np.argmin(fresh))

@@ -87,7 +87,7 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
         max_observation_age=settings.max_observation_age,
         max_action_age=settings.max_action_age, use_header_stamps=settings.use_header_stamps,
         reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points,
-        first_point_joints=first_point if points != 1 else ())
+        first_point_joints=first_point)
 
 
 def ages_loosened(settings: NodeSettings, start_observation_age: float, start_action_age: float) -> str | None:
