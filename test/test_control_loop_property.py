@@ -81,14 +81,14 @@ class Checker:
             'published while another publisher or (but a hold) no subscriber is on the topic'
         measured = self.loop._inputs.fresh_positions(self.now, loop_settings.max_observation_age)
         if joints is not None:
-            # To some topics only: a hold, to exactly the joints with a start: what their controller
-            # executes, or for an unheard joint a measurement a safe command can step from.
+            # To some topics only: a hold, to exactly those that listen, each stepping from what its
+            # controller executes, when an unheard joint has no measurement a safe command can step from.
             assert hold and self.sent is not None, 'only a hold goes to some topics, after a first message'
             step = limits.max_delta(DT)
             usable = np.zeros(len(JOINTS), bool) if measured is None else \
                 (measured >= limits.lower - step) & (measured <= limits.upper + step)
-            unusable = self.unheard & ~usable
-            assert np.array_equal(joints, ~unusable) and joints.any(), (joints, self.unheard, measured)
+            assert (self.unheard & ~usable).any(), 'to some topics only although the measurement would serve all'
+            assert np.array_equal(joints, ~self.unheard) and joints.any(), (joints, self.unheard, measured)
             self.published['hold to the topics that listen'] += 1
             self.published['... while all have a subscriber again'] += self.allowed
             self.published['... with fresh joint states'] += measured is not None
@@ -99,7 +99,7 @@ class Checker:
         assert limits.contains(points), (points, limits.lower, limits.upper)
         max_delta = limits.max_delta(DT) + 1e-9
         reference = self.executing()
-        if reference is None or (self.unheard & (True if joints is None else joints)).any():
+        if joints is None and (reference is None or self.unheard.any()):
             assert measured is not None, 'the first command of a segment needs a measured state'
             reference = measured if reference is None else np.where(self.unheard, measured, reference)
         latched = self.loop._counters['tracking_error_holds'] > self.latches_restarted
@@ -221,8 +221,9 @@ operation = st.one_of(
     st.tuples(st.just('fault'), st.sampled_from(['raised', 'non_finite', 'late', 'nan_chunk'])),
     st.tuples(st.just('link'), st.sampled_from([(1, 0), (1, 0), (0, 0), (1, 1), (0, 0, (2,))])),
     # The gripper's controller and the joint-state driver stop together (one power supply), then a
-    # tick; or the controller is back (respawned) by the tick, but the joint states are not.
-    st.tuples(st.just('outage'), st.tuples(st.sampled_from([0.6, 2.0]), st.booleans())),
+    # tick; or the controller is back (respawned) by the tick, but the joint states are not; or
+    # ('limp') the joint states go on, and the gripper, its controller gone, falls beyond its limit.
+    st.tuples(st.just('outage'), st.tuples(st.sampled_from([0.6, 2.0, 'limp']), st.booleans())),
     st.tuples(st.just('limits'), st.tuples(st.sampled_from([1.0, 0.9, 0.5, 1.2]),
                                            st.sampled_from([0.1, 0.05, 0.2]))),
     st.tuples(st.just('watchdog'), st.sampled_from([0.1, 1.0])),
@@ -337,8 +338,13 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
             if back:
                 loop.set_command_link(1, 0)
                 checker.allowed = True
-            checker.now += seconds
-            wall[0] += seconds
+            if seconds == 'limp':
+                limp = (checker.sent[0] if checker.sent is not None else np.array([0.0, 0.0, 1.0])) + [0, 0, 4.0]
+                loop.on_joint_state(JOINTS, limp.tolist(), now, now)
+                last_good, last_good_time = limp, now
+            else:
+                checker.now += seconds
+                wall[0] += seconds
             checker.on_tick(checker.now)
             loop.tick(checker.now)
         elif kind == 'limits':

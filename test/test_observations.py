@@ -96,10 +96,10 @@ def test_the_observation_time_is_never_later_than_any_accepted_stamp_or_arrival(
 
 
 def test_no_action_is_commanded_later_than_max_action_age_after_its_frame_was_captured():
-    """A frame stamped 0.45 s before it arrived leaves its actions 0.05 s, not 0.5 s."""
+    """A frame stamped 0.4 s before it arrived leaves its actions 0.1 s, not 0.5 s (point reached a period on)."""
     loop, inference, sent = make_loop(horizon=20, max_observation_age=0.5, max_action_age=0.5,
                                       use_header_stamps=True)
-    now, captured = 100.0, 99.55
+    now, captured = 100.0, 99.6
     loop.on_image('front', FRAME, now, captured)
     loop.on_joint_state(JOINTS, [0.0] * 3, now, captured)
     loop.tick(now)
@@ -115,7 +115,21 @@ def test_no_action_is_commanded_later_than_max_action_age_after_its_frame_was_ca
         loop.tick(now)
         if len(sent) > before and sent[-1][1] is not None:
             due.append(now)
-    assert due and all(t - captured <= 0.5 + 1e-9 for t in due), due
+    assert due and all(t + DT - captured <= 0.5 + 1e-9 for t in due), due
+
+
+def test_inputs_are_stale_by_their_header_stamp_not_only_by_their_arrival():
+    """Stamped 0.45 s before arrival: stale 0.05 s after it, not 0.5 s (segment starts, checks, health)."""
+    from vla_policy_node.core.observations import ObservationBuffer
+
+    buffer = ObservationBuffer(('front',), JOINTS)
+    buffer.set_instruction('pick')
+    buffer.set_image('front', FRAME, 100.0, 99.55, max_age=0.5)
+    assert buffer.set_joint_state(JOINTS, [0.1, 0.2, 0.3], 100.0, 99.55, max_age=0.5)[0] is None
+    assert buffer.fresh_positions(100.04, 0.5) is not None and buffer.problem(100.04, 0.5) is None
+    assert buffer.fresh_positions(100.06, 0.5) is None
+    problem = buffer.problem(100.06, 0.5)
+    assert 'front: stale' in problem and 'joint_states' in problem, problem
 
 
 # ------------------------------------------------------------------ other devices' messages

@@ -582,20 +582,20 @@ class ControlLoop:
         there is none, and one beyond the joint's limits by more than a step (a limp gripper
         whose controller died) leaves nothing safe to send it; the other joints still have a
         start: what their controllers execute. So the hold goes to them, and their controllers
-        stop instead of running on through a plan the loop has dropped.
+        stop instead of running on through a plan the loop has dropped. The unheard joints are
+        left out together: they are whole command topics, and a message needs all of a topic's.
         """
         reference = self._reference(now)
-        if self._sent is None or not self._unheard.any():
+        if self._sent is None or not self._unheard.any() or self._unheard.all():
             return reference, None
-        unusable = self._unheard.copy()
         if reference is not None:
             limits = self._settings.limits
             step = limits.max_delta(self._settings.dt)
-            unusable &= (reference < limits.lower - step) | (reference > limits.upper + step)
-        if not unusable.any() or unusable.all():
-            return reference, None
-        executing = self._executing(now)
-        return (executing if reference is None else np.where(unusable, executing, reference)), ~unusable
+            unheard = self._unheard
+            if np.all((reference[unheard] >= limits.lower[unheard] - step[unheard])
+                      & (reference[unheard] <= limits.upper[unheard] + step[unheard])):
+                return reference, None
+        return self._executing(now), ~self._unheard
 
     def _executing(self, now: float) -> np.ndarray:
         """Return the point (J,) of the last message the controllers execute now (one was sent)."""

@@ -138,13 +138,13 @@ class ObservationBuffer:
         self._camera_names = tuple(camera_names)
         self._joint_names = tuple(joint_names)
         self._images: dict[str, np.ndarray] = {}
-        self._image_stamps: dict[str, float] = {}
         self._header_stamps: dict[str, float] = {}
-        self._image_observed: dict[str, float] = {}   # earlier of arrival and header stamp
+        # When each input was observed: the earlier of its arrival and its header stamp. Health
+        # and ages count from it, so a message that arrived late is stale that much sooner.
+        self._image_observed: dict[str, float] = {}
         self._positions = np.full(len(joint_names), np.nan)
-        self._joint_stamps = np.full(len(joint_names), np.nan)       # arrival, per joint
         self._joint_headers = np.full(len(joint_names), np.nan)      # header stamp, per joint
-        self._joint_observed = np.full(len(joint_names), np.nan)     # earlier of the two
+        self._joint_observed = np.full(len(joint_names), np.nan)     # earlier of arrival and header
         self._ignored_joint_states = 0
         self._joints_to_clear = np.zeros(len(joint_names), dtype=bool)
         self._instruction: str | None = None
@@ -183,7 +183,6 @@ class ObservationBuffer:
                 return problem
             self._header_stamps[camera] = stamp
         self._images[camera] = rgb
-        self._image_stamps[camera] = now
         self._image_observed[camera] = now if stamp is None else min(now, stamp)
         self._errors.pop(camera, None)
         return None
@@ -213,7 +212,6 @@ class ObservationBuffer:
                 return problem, update.unknown_joints
             self._joint_headers[update.updated] = stamp
         self._positions = update.positions
-        self._joint_stamps[update.updated] = now
         self._joint_observed[update.updated] = now if stamp is None else min(now, stamp)
         if JOINT_STATES in self._errors:
             self._joints_to_clear &= ~update.updated
@@ -292,7 +290,7 @@ class ObservationBuffer:
     def _camera_health(self, name: str, now: float, max_age: float) -> InputHealth:
         if name in self._errors:
             return InputHealth(name, ERROR, self._errors[name])
-        stamp = self._image_stamps.get(name)
+        stamp = self._image_observed.get(name)
         if stamp is None:
             return InputHealth(name, WARN, 'no image received')
         age = now - stamp
@@ -303,11 +301,11 @@ class ObservationBuffer:
     def _joint_health(self, now: float, max_age: float) -> InputHealth:
         if JOINT_STATES in self._errors:
             return InputHealth(JOINT_STATES, ERROR, self._errors[JOINT_STATES])
-        never = [n for n, s in zip(self._joint_names, self._joint_stamps) if np.isnan(s)]
+        never = [n for n, s in zip(self._joint_names, self._joint_observed) if np.isnan(s)]
         if never:
             return InputHealth(JOINT_STATES, WARN, f'no position received for {never}')
-        age = float(now - np.min(self._joint_stamps))
-        stale = [n for n, s in zip(self._joint_names, self._joint_stamps)
+        age = float(now - np.min(self._joint_observed))
+        stale = [n for n, s in zip(self._joint_names, self._joint_observed)
                  if not is_fresh(float(s), now, max_age)]
         if stale:
             return InputHealth(JOINT_STATES, WARN, f'stale: {stale}', age)
