@@ -55,6 +55,13 @@ def _on_node_exit(event: ProcessExited, context: LaunchContext) -> list:
     return [Shutdown(reason=f'{event.action.name} exited')]
 
 
+def _ros_argument(name: str, value: object) -> str:
+    """``-p`` value of an override: YAML, strings single-quoted so that ``123`` or ``true`` stay strings."""
+    if isinstance(value, bool):
+        return f"{name}:={'true' if value else 'false'}"
+    return f"{name}:='{str(value).replace(chr(39), chr(39) * 2)}'"
+
+
 def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     configurations = context.launch_configurations
     unknown = sorted(set(configurations) - set(declared))
@@ -62,12 +69,20 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
         raise ValueError(
             f'unknown launch arguments {unknown}; this file takes {sorted(declared)} '
             '(ros2 launch vla_policy_node vla_policy.launch.py --show-args)')
+    config_file = configurations['config_file']
+    if not os.path.isfile(config_file):        # launch_ros would drop it with a warning
+        raise ValueError(f'config_file {config_file!r} is not a file')
     overrides = {name: _parse(name, configurations[name], kind)
                  for name, (_, kind) in OVERRIDES.items() if configurations.get(name, '') != ''}
     lifecycle = _parse('lifecycle', configurations['lifecycle'], bool)
+    # The file, then the overrides as -p arguments (the later wins): launch_ros would write a
+    # parameter dict to a temporary file it never removes.
+    ros_arguments = ['--params-file', config_file]
+    for name, value in overrides.items():
+        ros_arguments += ['-p', _ros_argument(name, value)]
     common = dict(
         package=PACKAGE, name=PACKAGE, namespace=configurations['namespace'], output='screen',
-        emulate_tty=True, parameters=[configurations['config_file'], overrides])
+        emulate_tty=True, ros_arguments=ros_arguments)
     node = (LifecycleNode(executable='vla_policy_lifecycle_node', **common) if lifecycle
             else Node(executable='vla_policy_node', **common))
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit))]

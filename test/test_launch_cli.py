@@ -71,9 +71,20 @@ def test_a_boolean_argument_must_be_true_or_false(env):
 
 
 def test_a_node_that_fails_at_start_fails_the_launch(env, tmp_path):
-    result = ros2(env, *LAUNCH, f'checkpoint:={tmp_path / "missing"}', timeout=120.0)
+    """... and the override reaches it as a -p argument, which leaves no parameter file in the temp folder."""
+    temp = tmp_path / 'temp'
+    temp.mkdir()
+    result = ros2({**env, 'TMPDIR': str(temp)}, *LAUNCH, f'checkpoint:={tmp_path / "missing"}', timeout=120.0)
     assert 'cannot start' in result.stdout and 'does not exist' in result.stdout, result.stdout
     assert result.returncode != 0, result.stdout
+    assert not list(temp.glob('launch_params_*'))
+
+
+def test_a_config_file_that_is_not_there_is_named(env, tmp_path):
+    result = ros2(env, *LAUNCH, f'config_file:={tmp_path / "nope.yaml"}')
+    assert result.returncode != 0
+    assert f"config_file '{tmp_path / 'nope.yaml'}' is not a file" in result.stdout, result.stdout
+    assert 'process started' not in result.stdout
 
 
 def test_lifecycle_argument_starts_the_managed_node(env, tmp_path):

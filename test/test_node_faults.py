@@ -128,12 +128,12 @@ def test_late_or_out_of_order_stamps_hold_report_and_resume(system, mode):
     time.sleep(0.5)
     assert probe.command_count() == count, 'a command was sent from a late or reordered frame'
     if mode == 'stamps_late':
-        # A camera on another clock: trusting arrival time only lets the robot move again.
-        assert probe.set_parameter('use_header_stamps', ParameterValue(
+        # Switching the stamp check off would let the late frames drive the arm: like the age
+        # limits, it only tightens at run time (a camera on another clock takes a restart).
+        assert not probe.set_parameter('use_header_stamps', ParameterValue(
             type=ParameterType.PARAMETER_BOOL, bool_value=False))
-        assert wait_until(lambda: probe.command_count() > count + 3, 10.0), node.output
-        assert probe.set_parameter('use_header_stamps', ParameterValue(
-            type=ParameterType.PARAMETER_BOOL, bool_value=True))
+        time.sleep(0.3)
+        assert probe.command_count() == count
     probe.mode = 'good'
     assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
     assert wait_until(lambda: probe.input_level('front') == '0', 3.0)

@@ -258,6 +258,9 @@ def test_empty_instruction_is_refused(system):
     assert probe.command_count() == count
     probe.publish_instruction(TASK)
     assert wait_until(lambda: probe.command_count() > count + 3, 10.0), node.output
+    assert wait_until(lambda: probe.inputs_status.get(level, {}).get('level') == '0', 3.0)
+    assert 'age_s' not in probe.inputs_status[level], 'a latched instruction has no age'
+    assert float(probe.inputs_status['vla_policy_node: input front']['age_s']) < 1.0
 
 
 def test_sigint_publishes_hold_and_exits_zero(system):

@@ -207,6 +207,26 @@ def test_declare_accepts_default_yaml(context, tmp_path):
     assert declared(context, tmp_path, {}).control_rate_hz == DEFAULTS['control_rate_hz']
 
 
+def test_a_params_file_dumped_from_the_node_starts_it(context, tmp_path):
+    """`ros2 param dump` lists the parameters every node has, as start_type_description_service."""
+    settings = declared(context, tmp_path, {'start_type_description_service': True, 'use_sim_time': False})
+    assert settings.control_rate_hz == DEFAULTS['control_rate_hz']
+
+
+def test_every_declared_parameter_has_a_value_so_a_dump_lists_them_all(context):
+    """rclpy answers a request for several parameters with nothing when one of them has no value."""
+    from vla_policy_node.ros.node import VlaPolicyNode
+    node = VlaPolicyNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
+    try:
+        names = node.list_parameters([], 0).names
+        assert 'limits.max_tracking_error' in names and 'joint_units.scale' not in names    # absent: not declared
+        assert len(node.get_parameters(names)) == len(names)
+    finally:
+        node.stop()
+        node.destroy_node()
+
+
 def test_required_robot_description_has_no_default(context):
     node = rclpy.create_node('vla_policy_node', context=context)
     try:
@@ -237,9 +257,14 @@ def test_runtime_changes_are_validated_and_read_only_parameters_refused(context)
         assert node._settings.max_observation_age == 0.3
         assert node.set_parameters([Parameter('max_observation_age', value=0.5)])[0].successful, \
             'back up to the start value'
-        assert not node.set_parameters([Parameter('max_action_age', value=2.0)])[0].successful
+        horizon_s = node._loop.horizon / DEFAULTS['control_rate_hz']     # 0 derives 0.5 s + one horizon
+        result = node.set_parameters([Parameter('max_action_age', value=0.5 + horizon_s + 0.1)])[0]
+        assert not result.successful and 'loosening it takes a restart' in result.reason
+        assert node.set_parameters([Parameter('max_action_age', value=0.5 + horizon_s)])[0].successful
         assert node.set_parameters([Parameter('max_action_age', value=0.4)])[0].successful
         assert node.set_parameters([Parameter('max_action_age', value=0.0)])[0].successful
+        result = node.set_parameters([Parameter('use_header_stamps', value=False)])[0]
+        assert not result.successful and result.reason.startswith('use_header_stamps false would let frames')
         assert not node.set_parameters([Parameter('policy_deadline', value=0.0)])[0].successful
         assert node.set_parameters([Parameter('policy_deadline', value=0.2)])[0].successful
         assert node._worker.deadline == 0.2

@@ -233,6 +233,11 @@ class ControlLoop:
         return self._settings
 
     @property
+    def horizon(self) -> int:
+        """Return the actions executed per chunk (what ``max_action_age: 0`` derives from)."""
+        return self._scheduler.config.horizon
+
+    @property
     def last_published(self) -> np.ndarray | None:
         """Return the first point (J,) of the last message that left, or None before the first."""
         with self._lock:

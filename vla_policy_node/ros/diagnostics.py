@@ -88,12 +88,11 @@ def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> Di
         message=f'{total} faulty chunks discarded since the last report: {faults.last}'
         if total else 'ok',
         values=[KeyValue(key=kind, value=str(count)) for kind, count in faults.counts.items()]))
-    for health in status.inputs:
-        age = 'never received' if health.age_s is None else f'{health.age_s:.3f}'
+    for health in status.inputs:         # no age: nothing received yet, or latched (the instruction)
         array.status.append(DiagnosticStatus(
             level=_level(health.level), name=f'{node_name}: input {health.name}',
             message=health.message, hardware_id=node_name,
-            values=[KeyValue(key='age_s', value=age)]))
+            values=[] if health.age_s is None else [KeyValue(key='age_s', value=f'{health.age_s:.3f}')]))
     return array
 
 

@@ -16,6 +16,7 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import os
 import signal
 import sys
@@ -90,26 +91,40 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
         first_point_joints=first_point)
 
 
-def ages_loosened(settings: NodeSettings, start_observation_age: float, start_action_age: float) -> str | None:
+@dataclass(frozen=True)
+class StartAges:
+    """The input checks the node started with: at run time they may only tighten."""
+
+    max_observation_age: float
+    max_action_age: float
+    use_header_stamps: bool
+
+
+def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float) -> str | None:
     """
     Say why ``settings`` would accept older inputs or actions than the node started with, or None.
 
-    Like the limits, the age limits only tighten at run time: a value set to let a slow camera
-    through would otherwise let stale observations drive the arm until someone sets it back.
-    ``max_action_age: 0`` derives the limit from ``max_observation_age``, so it stays allowed
-    where it started at 0, and replaces a positive start value only by one no larger.
+    Like the limits, the input checks only tighten at run time: a value set to let a slow camera
+    through would otherwise let stale observations drive the arm until someone sets it back; so
+    would switching header stamps off. The action age compares the limits in force:
+    ``max_action_age: 0`` derives ``max_observation_age + horizon_s`` (one horizon of actions
+    in seconds; 0 while the horizon is unknown, which compares with ``max_observation_age``).
     """
-    if settings.max_observation_age > start_observation_age:
+    if settings.max_observation_age > start.max_observation_age:
         return (f'max_observation_age {settings.max_observation_age:g} s is looser than the '
-                f'{start_observation_age:g} s the node started with: loosening it takes a restart')
-    action_age = settings.max_action_age
-    if start_action_age > 0 and not 0 < action_age <= start_action_age:
-        return (f'max_action_age {action_age:g} s is looser than the {start_action_age:g} s the node '
-                'started with (0 would derive it anew): loosening it takes a restart')
-    if start_action_age == 0 and action_age > start_observation_age:
-        return (f'max_action_age {action_age:g} s may be looser than the derived limit the node started '
-                f'with: at most max_observation_age ({start_observation_age:g} s) at run time; '
-                'loosening it takes a restart')
+                f'{start.max_observation_age:g} s the node started with: loosening it takes a restart')
+    if start.use_header_stamps and not settings.use_header_stamps:
+        return ('use_header_stamps false would let frames and joint states stamped too long ago through: '
+                'switching the stamp check off takes a restart')
+
+    def limit(observation_age: float, action_age: float) -> float:
+        return action_age if action_age > 0 else observation_age + horizon_s
+    before = limit(start.max_observation_age, start.max_action_age)
+    after = limit(settings.max_observation_age, settings.max_action_age)
+    if after > before + 1e-9:
+        derived = ' (0 derives max_observation_age + horizon / control_rate_hz)' if settings.max_action_age == 0 else ''
+        return (f'max_action_age {settings.max_action_age:g}{derived} allows actions {after:g} s old, more than '
+                f'the {before:g} s the node started with: loosening it takes a restart')
     return None
 
 
@@ -152,7 +167,8 @@ class PolicyWiring:
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         # Limits and the age limits only tighten from here on; loosening them takes a restart.
         self._envelope = loop_settings(self._settings).limits
-        self._start_ages = (self._settings.max_observation_age, self._settings.max_action_age)
+        self._start_ages = StartAges(self._settings.max_observation_age, self._settings.max_action_age,
+                                     self._settings.use_header_stamps)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
@@ -333,7 +349,8 @@ class PolicyWiring:
             looser = loop_settings(settings).limits.loosened_from(self._envelope)
             reason = None if looser is None else f'limits: {looser}'
         if reason is None:
-            reason = ages_loosened(settings, *self._start_ages)
+            horizon_s = 0.0 if self._loop is None else self._loop.horizon / settings.control_rate_hz
+            reason = ages_loosened(settings, self._start_ages, horizon_s)
         if reason is None and self._loop is not None:
             reason = self._loop.check_update(loop_settings(settings))
         if reason is None and not hasattr(self, 'add_post_set_parameters_callback'):

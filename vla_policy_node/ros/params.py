@@ -59,7 +59,10 @@ class ParamSpec:
     read_only: bool = True
     bounds: tuple[float, float] | None = None
     choices: tuple[str, ...] = ()
-    optional: bool = False      # no default, and none needed: absent means "not used"
+    # No default, and none needed: absent means "not used". Read-only, and declared only when
+    # given: rclpy answers a request for several parameters with nothing when one is declared
+    # without a value, so `ros2 param dump` would print no parameter at all.
+    optional: bool = False
 
     @property
     def required(self) -> bool:
@@ -211,7 +214,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'header stamps: refuse messages whose stamp goes backwards or is older than '
               'max_observation_age on the node\'s clock (zero stamps are judged by arrival '
               'only). Set false for sources whose clock is not synchronised with this '
-              'node\'s.', read_only=False),
+              'node\'s. Run time: may be switched on, not off.', read_only=False),
     ParamSpec('policy_deadline', 5.0, 'Seconds one inference may take; a later chunk is '
               'discarded (the robot holds) and the next control step tries again. With inference '
               'remote, the server\'s answer is awaited at most min(policy_deadline, max_observation_age) '
@@ -230,17 +233,20 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'Maximum speed per joint (units per second).', read_only=False),
     ParamSpec('limits.max_step', 0.1, 'Maximum change of any joint between two commands.',
               read_only=False, bounds=(1e-6, 10.0)),
-    ParamSpec('limits.max_tracking_error', Parameter.Type.DOUBLE_ARRAY,
+    ParamSpec('limits.max_tracking_error', [0.0],
               'How far each joint may be measured from the point its controller executes while '
               'the node commands; further, the node holds (a controller switched off, a joint '
               'blocked or pushed) until it is back. One entry applies to every joint; 0: not '
-              'checked (a gripper that squeezes what it holds). Absent: not checked.',
-              read_only=False, optional=True),
+              'checked (a gripper that squeezes what it holds).',
+              read_only=False),
     ParamSpec('diagnostics_period', 1.0, 'Seconds between /diagnostics messages.',
               bounds=(0.1, 60.0)),
 )
 
 SPECS = {spec.name: spec for spec in PARAMETERS}
+# Parameters every ROS 2 node has (rclpy declares them): a `ros2 param dump` of the node lists
+# them, so a params file made from one must start the node.
+ROS_NODE_PARAMETERS = frozenset({'use_sim_time', 'start_type_description_service'})
 
 
 def command_group_specs(names: Iterable[str]) -> tuple[ParamSpec, ...]:
@@ -505,7 +511,7 @@ def declare_parameters(node: Node, arguments: Sequence[str] = ()) -> NodeSetting
     check_override_sources(arguments, node.get_fully_qualified_name(), groups)
     _declare(node, groups, values)
     known = set(SPECS) | {spec.name for spec in groups}
-    unknown = sorted(set(_override_names(node)) - known - {'use_sim_time'})
+    unknown = sorted(set(_override_names(node)) - known - ROS_NODE_PARAMETERS)
     if unknown:
         raise ParameterError(f'unknown parameters: {unknown}')
     return settings_from_values(values)
@@ -513,7 +519,11 @@ def declare_parameters(node: Node, arguments: Sequence[str] = ()) -> NodeSetting
 
 def _declare(node: Node, specs: Iterable[ParamSpec], values: dict[str, Any]) -> None:
     """Declare ``specs`` on ``node`` and put their values in ``values`` (None: optional, unset)."""
+    given = set(_override_names(node))
     for spec in specs:
+        if spec.optional and spec.name not in given:
+            values[spec.name] = None
+            continue
         try:
             node.declare_parameter(spec.name, spec.default, spec.descriptor())
             values[spec.name] = node.get_parameter(spec.name).value
