@@ -214,7 +214,7 @@ def test_a_params_file_dumped_from_the_node_starts_it(context, tmp_path):
 
 
 def test_every_declared_parameter_has_a_value_so_a_dump_lists_them_all(context):
-    """rclpy answers a request for several parameters with nothing when one of them has no value."""
+    """A dump works: rclpy answers a request for several parameters with nothing if one has no value."""
     from vla_policy_node.ros.node import VlaPolicyNode
     node = VlaPolicyNode(context=context, cli_args=[
         '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
