@@ -25,9 +25,9 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventH
 from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
-from launch_ros.parameter_descriptions import ParameterValue
 import yaml
 
+from vla_policy_node.ros.launch_arguments import ros_arguments
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
@@ -51,33 +51,39 @@ def robots(context: LaunchContext) -> list[Node]:
     count = int(LaunchConfiguration('robots').perform(context))
     episodes = int(LaunchConfiguration('episodes').perform(context))
     default, node_params, arm_params = config_files()
-    horizon = ParameterValue(LaunchConfiguration('horizon'), value_type=int)
+    horizon = int(LaunchConfiguration('horizon').perform(context))
     nodes = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
         nodes.append(Node(package='vla_policy_node', executable='vla_policy_sim_robot',
                           name='vla_policy_sim_robot', namespace=namespace, output='screen',
-                          parameters=[arm_params, {'policy_node': f'/{namespace}/vla_policy_node',
-                                                   'episodes': episodes, 'seed': index}],
+                          ros_arguments=ros_arguments(arm_params, {'policy_node': f'/{namespace}/vla_policy_node',
+                                                                   'episodes': episodes, 'seed': index}),
                           remappings=[('/joint_states', 'joint_states')]))
         nodes.append(Node(
             package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
             namespace=namespace, output='screen', emulate_tty=True,
-            parameters=[default, node_params, {'inference': 'remote', 'remote.server': '/vla_policy_server',
-                                               'chunking.horizon': horizon,
-                                               'joint_states_topic': 'joint_states'}]))
+            ros_arguments=ros_arguments(default, node_params, {
+                'inference': 'remote', 'remote.server': '/vla_policy_server', 'chunking.horizon': horizon,
+                'joint_states_topic': 'joint_states'})))
     return nodes
 
 
-def generate_launch_description() -> LaunchDescription:
-    """Declare the arguments, the server (shutting the launch down when it exits) and the robots."""
+def server(context: LaunchContext) -> list:
+    """Return the policy server, which shuts the launch down when it exits."""
     default, node_params, _ = config_files()
-    server = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
-                  output='screen', emulate_tty=True,
-                  parameters=[default, node_params, {
-                      'checkpoint': str(SHIPPED_CHECKPOINT),
-                      'device': LaunchConfiguration('device'),
-                      'batch.window': ParameterValue(LaunchConfiguration('batch_window'), value_type=float)}])
+    node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
+                output='screen', emulate_tty=True,
+                ros_arguments=ros_arguments(default, node_params, {
+                    'checkpoint': str(SHIPPED_CHECKPOINT),
+                    'device': LaunchConfiguration('device').perform(context),
+                    'batch.window': float(LaunchConfiguration('batch_window').perform(context))}))
+    return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
+        Shutdown(reason='the policy server exited')]))]
+
+
+def generate_launch_description() -> LaunchDescription:
+    """Declare the arguments, then start the server and the robots."""
     return LaunchDescription([
         DeclareLaunchArgument('robots', default_value='2', description='Number of robots.'),
         DeclareLaunchArgument('device', default_value='auto',
@@ -88,8 +94,6 @@ def generate_launch_description() -> LaunchDescription:
                               description="Actions each robot uses per chunk (at most the policy's chunk size)."),
         DeclareLaunchArgument('episodes', default_value='0',
                               description='Episodes per simulated arm; 0: until Ctrl-C.'),
-        server,
-        RegisterEventHandler(OnProcessExit(target_action=server, on_exit=[
-            Shutdown(reason='the policy server exited')])),
+        OpaqueFunction(function=server),
         OpaqueFunction(function=robots),
     ])

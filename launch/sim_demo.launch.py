@@ -11,42 +11,48 @@ folder is taken from the installed module rather than from share/.
 import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, RegisterEventHandler, Shutdown
+from launch import LaunchContext, LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventHandler, Shutdown
 from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
-from launch_ros.parameter_descriptions import ParameterValue
 
+from vla_policy_node.ros.launch_arguments import ros_arguments
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
-def generate_launch_description() -> LaunchDescription:
-    """
-    Declare the episode count; start the node (default.yaml, demo.yaml, checkpoint) and the robot.
-
-    The launch ends when either process exits, as ``make demo`` does: the robot after its
-    episodes, the node if it cannot start.
-    """
+def _processes(context: LaunchContext) -> list:
+    """Start the node (default.yaml, demo.yaml, checkpoint) and the robot; the launch ends with either."""
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
     demo = os.path.join(config, 'demo.yaml')
     node = Node(
         package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
         output='screen', emulate_tty=True,
-        parameters=[os.path.join(config, 'default.yaml'), demo, {'checkpoint': str(SHIPPED_CHECKPOINT)}],
-    )
+        ros_arguments=ros_arguments(os.path.join(config, 'default.yaml'), demo,
+                                    {'checkpoint': str(SHIPPED_CHECKPOINT)}))
+    episodes = int(LaunchConfiguration('episodes').perform(context))
     robot = Node(
         package='vla_policy_node', executable='vla_policy_sim_robot', name='vla_policy_sim_robot',
         output='screen', emulate_tty=True,
-        parameters=[demo, {'episodes': ParameterValue(LaunchConfiguration('episodes'), value_type=int),
-                           'record_prefix': 'demo_episode'}],
-    )
-    return LaunchDescription([
-        DeclareLaunchArgument('episodes', default_value='10', description='Episodes to run.'),
+        ros_arguments=ros_arguments(demo, {'episodes': episodes, 'record_prefix': 'demo_episode'}))
+    return [
         node,
         robot,
         RegisterEventHandler(OnProcessExit(target_action=robot, on_exit=[
             Shutdown(reason='the simulated robot finished its episodes')])),
         RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
             Shutdown(reason='the policy node exited')])),
+    ]
+
+
+def generate_launch_description() -> LaunchDescription:
+    """
+    Declare the episode count; start the node and the robot once it is known.
+
+    The launch ends when either process exits, as ``make demo`` does: the robot after its
+    episodes, the node if it cannot start.
+    """
+    return LaunchDescription([
+        DeclareLaunchArgument('episodes', default_value='10', description='Episodes to run.'),
+        OpaqueFunction(function=_processes),
     ])

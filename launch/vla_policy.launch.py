@@ -26,6 +26,8 @@ from launch.event_handlers import OnProcessExit
 from launch.events.process import ProcessExited
 from launch_ros.actions import LifecycleNode, Node
 
+from vla_policy_node.ros.launch_arguments import ros_arguments
+
 PACKAGE = 'vla_policy_node'
 # name -> (description, parameter type); given only when set on the command line.
 OVERRIDES = {
@@ -55,13 +57,6 @@ def _on_node_exit(event: ProcessExited, context: LaunchContext) -> list:
     return [Shutdown(reason=f'{event.action.name} exited')]
 
 
-def _ros_argument(name: str, value: object) -> str:
-    """``-p`` value of an override: YAML, strings single-quoted so that ``123`` or ``true`` stay strings."""
-    if isinstance(value, bool):
-        return f"{name}:={'true' if value else 'false'}"
-    return f"{name}:='{str(value).replace(chr(39), chr(39) * 2)}'"
-
-
 def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     configurations = context.launch_configurations
     unknown = sorted(set(configurations) - set(declared))
@@ -75,14 +70,9 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     overrides = {name: _parse(name, configurations[name], kind)
                  for name, (_, kind) in OVERRIDES.items() if configurations.get(name, '') != ''}
     lifecycle = _parse('lifecycle', configurations['lifecycle'], bool)
-    # The file, then the overrides as -p arguments (the later wins): launch_ros would write a
-    # parameter dict to a temporary file it never removes.
-    ros_arguments = ['--params-file', config_file]
-    for name, value in overrides.items():
-        ros_arguments += ['-p', _ros_argument(name, value)]
     common = dict(
         package=PACKAGE, name=PACKAGE, namespace=configurations['namespace'], output='screen',
-        emulate_tty=True, ros_arguments=ros_arguments)
+        emulate_tty=True, ros_arguments=ros_arguments(config_file, overrides))
     node = (LifecycleNode(executable='vla_policy_lifecycle_node', **common) if lifecycle
             else Node(executable='vla_policy_node', **common))
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit))]

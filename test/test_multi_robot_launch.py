@@ -6,6 +6,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 launch = pytest.importorskip('launch')
@@ -22,38 +23,51 @@ def load():
         return module, module.generate_launch_description()
 
 
-def performed(context, node) -> dict:
-    """Return the parameters the launch gives ``node`` on top of its files, as the node gets them."""
-    from launch_ros.utilities import evaluate_parameters
-    return evaluate_parameters(context, node._Node__parameters)[-1]
+def given(node) -> tuple[list[str], dict]:
+    """Return the parameter files and the -p values (as rcl reads them) the launch gives ``node``."""
+    arguments = [str(a) for a in node._Node__ros_arguments]
+    files = [arguments[i + 1] for i, a in enumerate(arguments) if a == '--params-file']
+    values = dict(arguments[i + 1].split(':=', 1) for i, a in enumerate(arguments) if a == '-p')
+    return files, {name: yaml.safe_load(text) for name, text in values.items()}
 
 
 def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
+    """The parameters go as --ros-args (launch_ros would leave a temporary file for each dict)."""
     module, description = load()
     context = launch.LaunchContext()
     for entity in description.entities:
         if type(entity).__name__ == 'DeclareLaunchArgument':
             entity.visit(context)
-    servers = [e for e in description.entities if getattr(e, 'node_executable', None)
-               == 'vla_policy_server']
+    servers = [e for e in module.server(context) if getattr(e, 'node_executable', None) == 'vla_policy_server']
     assert len(servers) == 1
     context.launch_configurations['robots'] = '3'
     nodes = module.robots(context)
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
-    policy_nodes = nodes[1::2]
-    for node in policy_nodes:
-        overrides = node._Node__parameters[-1]
-        keys = {''.join(str(getattr(p, 'text', p)) for p in key) for key in overrides}
-        assert {'inference', 'remote.server', 'chunking.horizon', 'joint_states_topic'} <= keys
-        demo = node._Node__parameters[1]          # demo.yaml's node settings: the arm's camera and joints
-        assert {''.join(str(getattr(p, 'text', p)) for p in key) for key in demo} >= {'camera_names', 'joint_names'}
+    for node in nodes + servers:
+        assert not node._Node__parameters
+    for node in nodes[1::2]:
+        files, values = given(node)
+        assert files == [str(ROOT / 'config' / 'default.yaml')]
+        assert values['inference'] == 'remote' and values['remote.server'] == '/vla_policy_server'
+        assert values['chunking.horizon'] == module.shipped_chunk_size()
+        assert values['joint_states_topic'] == 'joint_states'
+        assert values['camera_names'] == ['top'] and len(values['joint_names']) == 3   # demo.yaml's, per namespace
     for index, arm in enumerate(nodes[0::2], start=1):
-        assert performed(context, arm)['policy_node'] == f'/robot{index}/vla_policy_node'
+        assert given(arm)[1]['policy_node'] == f'/robot{index}/vla_policy_node'
     from vla_policy_node.sim import SHIPPED_CHECKPOINT
-    assert performed(context, servers[0])['checkpoint'] == str(SHIPPED_CHECKPOINT)
+    _, server = given(servers[0])
+    assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.005
     assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
     from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
+
+
+def test_ros_arguments_keep_types_as_a_parameter_file_would():
+    from vla_policy_node.ros.launch_arguments import ros_arguments
+    assert ros_arguments('a.yaml', {'name': '123', 'flag': True, 'limits': {'lower': [0.5, -1.0]}, 'rate': 20.0,
+                                    'task': "it's: here"}) == [
+        '--params-file', 'a.yaml', '-p', "name:='123'", '-p', 'flag:=true', '-p', 'limits.lower:=[0.5, -1.0]',
+        '-p', 'rate:=20.0', '-p', "task:='it''s: here'"]
 
 
 def test_the_server_settings_carry_everything_the_policy_loader_reads():
