@@ -27,7 +27,7 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 import yaml
 
-from vla_policy_node.ros.launch_arguments import ros_arguments
+from vla_policy_node.ros.launch_parameters import LaunchParameters
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
@@ -52,34 +52,37 @@ def robots(context: LaunchContext) -> list[Node]:
     episodes = int(LaunchConfiguration('episodes').perform(context))
     default, node_params, arm_params = config_files()
     horizon = int(LaunchConfiguration('horizon').perform(context))
+    files = LaunchParameters()
     nodes = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
         nodes.append(Node(package='vla_policy_node', executable='vla_policy_sim_robot',
                           name='vla_policy_sim_robot', namespace=namespace, output='screen',
-                          ros_arguments=ros_arguments(arm_params, {'policy_node': f'/{namespace}/vla_policy_node',
-                                                                   'episodes': episodes, 'seed': index}),
+                          parameters=[files.file(namespace, 'vla_policy_sim_robot', {
+                              **arm_params, 'policy_node': f'/{namespace}/vla_policy_node',
+                              'episodes': episodes, 'seed': index})],
                           remappings=[('/joint_states', 'joint_states')]))
         nodes.append(Node(
             package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
             namespace=namespace, output='screen', emulate_tty=True,
-            ros_arguments=ros_arguments(default, node_params, {
-                'inference': 'remote', 'remote.server': '/vla_policy_server', 'chunking.horizon': horizon,
-                'joint_states_topic': 'joint_states'})))
-    return nodes
+            parameters=[default, files.file(namespace, 'vla_policy_node', {
+                **node_params, 'inference': 'remote', 'remote.server': '/vla_policy_server',
+                'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
+    return nodes + [files.remove_at_shutdown()]
 
 
 def server(context: LaunchContext) -> list:
     """Return the policy server, which shuts the launch down when it exits."""
     default, node_params, _ = config_files()
+    files = LaunchParameters()
     node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
                 output='screen', emulate_tty=True,
-                ros_arguments=ros_arguments(default, node_params, {
-                    'checkpoint': str(SHIPPED_CHECKPOINT),
+                parameters=[default, files.file('', 'vla_policy_server', {
+                    **node_params, 'checkpoint': str(SHIPPED_CHECKPOINT),
                     'device': LaunchConfiguration('device').perform(context),
-                    'batch.window': float(LaunchConfiguration('batch_window').perform(context))}))
+                    'batch.window': float(LaunchConfiguration('batch_window').perform(context))})])
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
-        Shutdown(reason='the policy server exited')]))]
+        Shutdown(reason='the policy server exited')])), files.remove_at_shutdown()]
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -17,7 +17,7 @@ from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from vla_policy_node.ros.launch_arguments import ros_arguments
+from vla_policy_node.ros.launch_parameters import LaunchParameters
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
@@ -25,19 +25,22 @@ def _processes(context: LaunchContext) -> list:
     """Start the node (default.yaml, demo.yaml, checkpoint) and the robot; the launch ends with either."""
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
     demo = os.path.join(config, 'demo.yaml')
+    files = LaunchParameters()
     node = Node(
         package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
         output='screen', emulate_tty=True,
-        ros_arguments=ros_arguments(os.path.join(config, 'default.yaml'), demo,
-                                    {'checkpoint': str(SHIPPED_CHECKPOINT)}))
+        parameters=[os.path.join(config, 'default.yaml'), demo,
+                    files.file('', 'vla_policy_node', {'checkpoint': str(SHIPPED_CHECKPOINT)})])
     episodes = int(LaunchConfiguration('episodes').perform(context))
     robot = Node(
         package='vla_policy_node', executable='vla_policy_sim_robot', name='vla_policy_sim_robot',
         output='screen', emulate_tty=True,
-        ros_arguments=ros_arguments(demo, {'episodes': episodes, 'record_prefix': 'demo_episode'}))
+        parameters=[demo, files.file('', 'vla_policy_sim_robot',
+                                     {'episodes': episodes, 'record_prefix': 'demo_episode'})])
     return [
         node,
         robot,
+        files.remove_at_shutdown(),
         RegisterEventHandler(OnProcessExit(target_action=robot, on_exit=[
             Shutdown(reason='the simulated robot finished its episodes')])),
         RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[

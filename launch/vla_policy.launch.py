@@ -26,7 +26,7 @@ from launch.event_handlers import OnProcessExit
 from launch.events.process import ProcessExited
 from launch_ros.actions import LifecycleNode, Node
 
-from vla_policy_node.ros.launch_arguments import ros_arguments
+from vla_policy_node.ros.launch_parameters import LaunchParameters
 
 PACKAGE = 'vla_policy_node'
 # name -> (description, parameter type); given only when set on the command line.
@@ -70,12 +70,15 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     overrides = {name: _parse(name, configurations[name], kind)
                  for name, (_, kind) in OVERRIDES.items() if configurations.get(name, '') != ''}
     lifecycle = _parse('lifecycle', configurations['lifecycle'], bool)
+    files = LaunchParameters()      # not launch_ros's dicts: they stay in the temp folder
+    namespace = configurations['namespace']
     common = dict(
-        package=PACKAGE, name=PACKAGE, namespace=configurations['namespace'], output='screen',
-        emulate_tty=True, ros_arguments=ros_arguments(config_file, overrides))
+        package=PACKAGE, name=PACKAGE, namespace=namespace, output='screen', emulate_tty=True,
+        parameters=[config_file] + ([files.file(namespace, PACKAGE, overrides)] if overrides else []))
     node = (LifecycleNode(executable='vla_policy_lifecycle_node', **common) if lifecycle
             else Node(executable='vla_policy_node', **common))
-    return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit))]
+    return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit)),
+            files.remove_at_shutdown()]
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -803,3 +803,8 @@ def test_an_unheard_joint_measured_beyond_its_limits_does_not_keep_the_hold_from
     hold, obs_times = rig.sent[-1]
     assert obs_times is None and rig.sent_to[-1].tolist() == [True, True, False]
     np.testing.assert_allclose(hold[0, :2], points[0, :2])
+    rig.now += DT                       # Ctrl-C while holding: the last hold, to the arm, is not
+    rig.wall += DT                      # refused for the gripper being off the way it was told
+    rig.feed([points[0, 0], points[0, 1], 3.5])
+    assert rig.loop.stop(rig.now)
+    assert len(rig.sent) == count + 2 and rig.sent_to[-1].tolist() == [True, True, False]

@@ -24,27 +24,31 @@ def load():
 
 
 def given(node) -> tuple[list[str], dict]:
-    """Return the parameter files and the -p values (as rcl reads them) the launch gives ``node``."""
-    arguments = [str(a) for a in node._Node__ros_arguments]
-    files = [arguments[i + 1] for i, a in enumerate(arguments) if a == '--params-file']
-    values = dict(arguments[i + 1].split(':=', 1) for i, a in enumerate(arguments) if a == '-p')
-    return files, {name: yaml.safe_load(text) for name, text in values.items()}
+    """Return the parameter files the launch gives ``node`` and the values of the last, which is its own."""
+    files = [''.join(str(getattr(p, 'text', p)) for p in entry.param_file) for entry in node._Node__parameters]
+    document = yaml.safe_load(Path(files[-1]).read_text())
+    (name, section), = document.items()
+
+    def text(parts):
+        return ''.join(str(getattr(p, 'text', p)) for p in parts or [])
+    namespace = text(node._Node__node_namespace).strip('/')
+    assert name == (f'/{namespace}/' if namespace else '/') + text(node._Node__node_name)
+    return files[:-1], section['ros__parameters']
 
 
 def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
-    """The parameters go as --ros-args (launch_ros would leave a temporary file for each dict)."""
+    """The values go in parameter files keyed by each node's full name, removed when the launch ends."""
     module, description = load()
     context = launch.LaunchContext()
     for entity in description.entities:
         if type(entity).__name__ == 'DeclareLaunchArgument':
             entity.visit(context)
-    servers = [e for e in module.server(context) if getattr(e, 'node_executable', None) == 'vla_policy_server']
+    started = module.server(context)
+    servers = [e for e in started if getattr(e, 'node_executable', None) == 'vla_policy_server']
     assert len(servers) == 1
     context.launch_configurations['robots'] = '3'
-    nodes = module.robots(context)
+    nodes = [e for e in module.robots(context) if hasattr(e, 'node_executable')]
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
-    for node in nodes + servers:
-        assert not node._Node__parameters
     for node in nodes[1::2]:
         files, values = given(node)
         assert files == [str(ROOT / 'config' / 'default.yaml')]
@@ -62,12 +66,17 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
 
 
-def test_ros_arguments_keep_types_as_a_parameter_file_would():
-    from vla_policy_node.ros.launch_arguments import ros_arguments
-    assert ros_arguments('a.yaml', {'name': '123', 'flag': True, 'limits': {'lower': [0.5, -1.0]}, 'rate': 20.0,
-                                    'task': "it's: here"}) == [
-        '--params-file', 'a.yaml', '-p', "name:='123'", '-p', 'flag:=true', '-p', 'limits.lower:=[0.5, -1.0]',
-        '-p', 'rate:=20.0', '-p', "task:='it''s: here'"]
+def test_launch_parameter_files_keep_strings_strings_and_go_at_shutdown():
+    from vla_policy_node.ros.launch_parameters import LaunchParameters
+    files = LaunchParameters()
+    path = Path(files.file('arm', 'vla_policy_node', {'checkpoint': 'n', 'device': '1e5', 'flag': True,
+                                                      'limits': {'lower': [0.5, -1.0]}}))
+    text = path.read_text()
+    assert ": 'n'" in text and ": '1e5'" in text          # rcl reads y, n, 1e5 unquoted as a bool, a double
+    assert yaml.safe_load(text) == {'/arm/vla_policy_node': {'ros__parameters': {
+        'checkpoint': 'n', 'device': '1e5', 'flag': True, 'limits': {'lower': [0.5, -1.0]}}}}
+    files.remove()
+    assert not path.parent.exists()
 
 
 def test_the_server_settings_carry_everything_the_policy_loader_reads():

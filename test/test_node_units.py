@@ -181,3 +181,25 @@ def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_nam
     assert 'batch buckets, compiled (padded) vs eager: 2 kept' in policy.compile_report
     ready = lines[-1]
     assert ready.startswith('policy ready') and ready.endswith('(compiled); programs built for batch sizes 1, 2, 4, 6')
+
+
+def test_the_input_checks_only_tighten_at_run_time():
+    """max_action_age compares the limits it gives (0 derives one from the horizon); stamps switch on, not off."""
+    from test_params import VALUES
+
+    from vla_policy_node.ros.node import ages_loosened, StartAges
+    from vla_policy_node.ros.params import settings_from_values
+
+    def settings(**changes):
+        return settings_from_values({**VALUES, **changes})
+    derived = StartAges(max_observation_age=0.5, max_action_age=0.0, use_header_stamps=True)
+    assert ages_loosened(settings(max_action_age=1.0), derived, 0.5) is None       # 1.0 <= 0.5 + 0.5
+    assert 'loosening it takes a restart' in ages_loosened(settings(max_action_age=1.1), derived, 0.5)
+    assert ages_loosened(settings(max_action_age=0.5), derived, None) is None      # horizon unknown: <= 0.5
+    assert ages_loosened(settings(max_action_age=0.6), derived, None) is not None
+    explicit = StartAges(max_observation_age=0.5, max_action_age=1.0, use_header_stamps=True)
+    assert ages_loosened(settings(max_action_age=0.0), explicit, 0.5) is None      # 0.5 + 0.5 <= 1.0
+    assert ages_loosened(settings(max_action_age=0.0), explicit, 0.6) is not None
+    assert ages_loosened(settings(max_action_age=0.0), explicit, None) is not None    # a lifecycle node unconfigured
+    assert ages_loosened(settings(use_header_stamps=False), derived, 0.5).startswith('use_header_stamps false')
+    assert ages_loosened(settings(use_header_stamps=True), StartAges(0.5, 0.0, False), 0.5) is None

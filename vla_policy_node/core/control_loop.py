@@ -100,8 +100,8 @@ class Inference(Protocol):
 
 
 # (points (T, J), observation time of each point (T,) or None for a hold, the joints (J,) whose
-# topics get it or None for all: a hold while a topic has no subscriber and the joint states are
-# stale goes to the topics that listen only)
+# topics get it or None for all: a hold while a topic has had no subscriber, and its joints have
+# no usable measurement, goes to the other topics only)
 Sink = Callable[[np.ndarray, 'np.ndarray | None', 'np.ndarray | None'], None]
 Log = Callable[[str, str], None]                # (severity 'info' | 'warning', text)
 
@@ -520,7 +520,8 @@ class ControlLoop:
 
         A hold repeats the point executed now; latched, it steps from there toward where the
         joints were found (``walk``: the whole way, for a last hold). With stale joint states
-        and a topic without a subscriber it goes to the other topics only (``_hold_reference``).
+        or unheard joints measured beyond their limits it goes to the other topics only
+        (``_hold_reference``).
 
         The only caller of the sink. See the module docstring for what it guarantees.
         """
@@ -532,7 +533,7 @@ class ControlLoop:
         if reference is None:
             return Refusal('no fresh joint position to start from')
         if self._hold_reason is not None and self._sent is not None and self._yield_target is None:
-            moved = self._moved_during_hold(now, reference)   # after a hold, a final one too
+            moved = self._moved_during_hold(now, reference, send_to)   # after a hold, a final one too
             if moved is not None:
                 return moved
         if plan is not None:
@@ -616,20 +617,23 @@ class ControlLoop:
         due = int(round((now - self._sent_at) / self._settings.dt)) - 1
         return min(max(due, 0), len(self._sent) - 1)
 
-    def _moved_during_hold(self, now: float, reference: np.ndarray) -> Refusal | None:
+    def _moved_during_hold(self, now: float, reference: np.ndarray,
+                           joints: np.ndarray | None = None) -> Refusal | None:
         """
         Refuse to send after a hold while a joint is off the way it was going, or None.
 
         Each joint must be measured within ``max_step`` of the stretch from where it was
         when the last action left to the point it executes: on it, it is there, on its way,
         or stopped short (a gripper closing on an object), and stepping from its point moves
-        it no further than the hold already told it to go. Off it, someone moved it.
+        it no further than the hold already told it to go. Off it, someone moved it. Only
+        ``joints`` (all by default) are checked: a hold to some topics says nothing to the others.
         """
         measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
         if measured is None:
             return Refusal('no fresh joint position to check the robot against')
         max_step = self._settings.limits.max_step
-        away = np.flatnonzero(self._off_their_way(measured, reference))
+        off = self._off_their_way(measured, reference)
+        away = np.flatnonzero(off if joints is None else off & joints)
         if away.size == 0:
             self._moved_counted = False
             return None

@@ -2,8 +2,9 @@
 """
 The latest value of every input stream, when it arrived, and whether it may drive a command.
 
-Every input is judged by arrival time on the loop's clock (sim time when the node uses it):
-a stream that stops is stale after ``max_observation_age`` whatever its stamps say. Camera
+Every input is judged by when it was observed on the loop's clock (sim time when the node
+uses it): its arrival, or its header stamp where that is earlier and trusted. A stream that
+stops is stale ``max_observation_age`` after that, whatever later stamps say. Camera
 frames and joint states are also judged by their header stamps when the loop is told to trust
 them (``use_header_stamps``): a stamp that goes backwards (out of order) or is older than
 ``max_observation_age`` (late data that arrived on time) is refused, and so is one further

@@ -17,6 +17,7 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 import os
 import signal
 import sys
@@ -100,7 +101,7 @@ class StartAges:
     use_header_stamps: bool
 
 
-def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float) -> str | None:
+def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float | None) -> str | None:
     """
     Say why ``settings`` would accept older inputs or actions than the node started with, or None.
 
@@ -108,7 +109,8 @@ def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float) ->
     through would otherwise let stale observations drive the arm until someone sets it back; so
     would switching header stamps off. The action age compares the limits in force:
     ``max_action_age: 0`` derives ``max_observation_age + horizon_s`` (one horizon of actions
-    in seconds; 0 while the horizon is unknown, which compares with ``max_observation_age``).
+    in seconds). ``horizon_s`` None: not known yet (the whole chunk of a policy not loaded), so
+    a derived limit counts as no longer than ``max_observation_age`` before and unbounded after.
     """
     if settings.max_observation_age > start.max_observation_age:
         return (f'max_observation_age {settings.max_observation_age:g} s is looser than the '
@@ -117,10 +119,11 @@ def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float) ->
         return ('use_header_stamps false would let frames and joint states stamped too long ago through: '
                 'switching the stamp check off takes a restart')
 
-    def limit(observation_age: float, action_age: float) -> float:
-        return action_age if action_age > 0 else observation_age + horizon_s
-    before = limit(start.max_observation_age, start.max_action_age)
-    after = limit(settings.max_observation_age, settings.max_action_age)
+    if start.max_action_age == 0 and settings.max_action_age == 0:
+        return None                     # both derived, from a max_observation_age no looser
+    known = horizon_s is not None
+    before = start.max_action_age or start.max_observation_age + (horizon_s if known else 0.0)
+    after = settings.max_action_age or settings.max_observation_age + (horizon_s if known else math.inf)
     if after > before + 1e-9:
         derived = ' (0 derives max_observation_age + horizon / control_rate_hz)' if settings.max_action_age == 0 else ''
         return (f'max_action_age {settings.max_action_age:g}{derived} allows actions {after:g} s old, more than '
@@ -349,7 +352,8 @@ class PolicyWiring:
             looser = loop_settings(settings).limits.loosened_from(self._envelope)
             reason = None if looser is None else f'limits: {looser}'
         if reason is None:
-            horizon_s = 0.0 if self._loop is None else self._loop.horizon / settings.control_rate_hz
+            horizon = self._loop.horizon if self._loop is not None else settings.chunking.horizon or None
+            horizon_s = None if horizon is None else horizon / settings.control_rate_hz
             reason = ages_loosened(settings, self._start_ages, horizon_s)
         if reason is None and self._loop is not None:
             reason = self._loop.check_update(loop_settings(settings))
