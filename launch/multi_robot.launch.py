@@ -46,13 +46,12 @@ def shipped_chunk_size() -> int:
         return int(json.load(f)['chunk_size'])
 
 
-def robots(context: LaunchContext) -> list[Node]:
+def robots(context: LaunchContext, files: LaunchParameters) -> list:
     """Return a simulated arm and a remote-inference policy node per robot namespace."""
     count = int(LaunchConfiguration('robots').perform(context))
     episodes = int(LaunchConfiguration('episodes').perform(context))
     default, node_params, arm_params = config_files()
     horizon = int(LaunchConfiguration('horizon').perform(context))
-    files = LaunchParameters()
     nodes = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
@@ -68,13 +67,12 @@ def robots(context: LaunchContext) -> list[Node]:
             parameters=[default, files.file(namespace, 'vla_policy_node', {
                 **node_params, 'inference': 'remote', 'remote.server': '/vla_policy_server',
                 'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
-    return nodes + [files.remove_at_shutdown()]
+    return nodes
 
 
-def server(context: LaunchContext) -> list:
+def server(context: LaunchContext, files: LaunchParameters) -> list:
     """Return the policy server, which shuts the launch down when it exits."""
     default, node_params, _ = config_files()
-    files = LaunchParameters()
     node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
                 output='screen', emulate_tty=True,
                 parameters=[default, files.file('', 'vla_policy_server', {
@@ -82,11 +80,12 @@ def server(context: LaunchContext) -> list:
                     'device': LaunchConfiguration('device').perform(context),
                     'batch.window': float(LaunchConfiguration('batch_window').perform(context))})])
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
-        Shutdown(reason='the policy server exited')])), files.remove_at_shutdown()]
+        Shutdown(reason='the policy server exited')]))]
 
 
 def generate_launch_description() -> LaunchDescription:
-    """Declare the arguments, then start the server and the robots."""
+    """Declare the arguments, then start the server and the robots (their parameter files in one folder)."""
+    files = LaunchParameters()
     return LaunchDescription([
         DeclareLaunchArgument('robots', default_value='2', description='Number of robots.'),
         DeclareLaunchArgument('device', default_value='auto',
@@ -97,6 +96,7 @@ def generate_launch_description() -> LaunchDescription:
                               description="Actions each robot uses per chunk (at most the policy's chunk size)."),
         DeclareLaunchArgument('episodes', default_value='0',
                               description='Episodes per simulated arm; 0: until Ctrl-C.'),
-        OpaqueFunction(function=server),
-        OpaqueFunction(function=robots),
+        OpaqueFunction(function=server, args=[files]),
+        OpaqueFunction(function=robots, args=[files]),
+        files.remove_at_shutdown(),
     ])

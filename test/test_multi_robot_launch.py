@@ -43,15 +43,16 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     for entity in description.entities:
         if type(entity).__name__ == 'DeclareLaunchArgument':
             entity.visit(context)
-    started = module.server(context)
+    files = module.LaunchParameters()
+    started = module.server(context, files)
     servers = [e for e in started if getattr(e, 'node_executable', None) == 'vla_policy_server']
     assert len(servers) == 1
     context.launch_configurations['robots'] = '3'
-    nodes = [e for e in module.robots(context) if hasattr(e, 'node_executable')]
+    nodes = module.robots(context, files)
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
     for node in nodes[1::2]:
-        files, values = given(node)
-        assert files == [str(ROOT / 'config' / 'default.yaml')]
+        before, values = given(node)
+        assert before == [str(ROOT / 'config' / 'default.yaml')]
         assert values['inference'] == 'remote' and values['remote.server'] == '/vla_policy_server'
         assert values['chunking.horizon'] == module.shipped_chunk_size()
         assert values['joint_states_topic'] == 'joint_states'
@@ -64,6 +65,8 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
     from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
+    files.remove()                      # what the launch's shutdown does
+    assert not Path(files.folder).exists()
 
 
 def test_launch_parameter_files_keep_strings_strings_and_go_at_shutdown():

@@ -500,8 +500,8 @@ class ControlLoop:
         else:
             if why.reason != self._hold_reason:
                 self._limited_log('hold', 'warning', f'holding: {why.reason}')
-            walk_due = now - self._sent_at >= (1.0 - EARLY_TICK) * self._settings.dt
-            if latch is not None and walk_due and not self._walked_back(now):
+            walk_due = latch is not None and now - self._sent_at >= (1.0 - EARLY_TICK) * self._settings.dt
+            if walk_due and not self._walked_back(now):
                 self._emit(now, None)
         self._hold_reason, self._hold_level = why.reason, why.level
 

@@ -291,11 +291,11 @@ class ObservationBuffer:
     def _camera_health(self, name: str, now: float, max_age: float) -> InputHealth:
         if name in self._errors:
             return InputHealth(name, ERROR, self._errors[name])
-        stamp = self._image_observed.get(name)
-        if stamp is None:
+        observed = self._image_observed.get(name)
+        if observed is None:
             return InputHealth(name, WARN, 'no image received')
-        age = now - stamp
-        if not is_fresh(stamp, now, max_age):
+        age = now - observed
+        if not is_fresh(observed, now, max_age):
             return InputHealth(name, WARN, f'stale: last image {age:.3f} s ago', age)
         return InputHealth(name, OK, 'ok', age)
 

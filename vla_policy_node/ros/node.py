@@ -118,7 +118,6 @@ def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float | N
     if start.use_header_stamps and not settings.use_header_stamps:
         return ('use_header_stamps false would let frames and joint states stamped too long ago through: '
                 'switching the stamp check off takes a restart')
-
     if start.max_action_age == 0 and settings.max_action_age == 0:
         return None                     # both derived, from a max_observation_age no looser
     known = horizon_s is not None
