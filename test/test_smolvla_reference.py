@@ -2,6 +2,11 @@
 """SmolVLA against LeRobot 0.4.4: the reference fixture, loaded through ``load_policy``."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,3 +121,31 @@ def test_bfloat16_keeps_sensitive_parts_in_float32(fixture):
     ref = exp["action_chunk_normalized"].numpy()
     normalized = policy.action_normalizer.normalize(chunk)
     assert np.abs(normalized - ref).max() < 0.1
+
+
+def test_loading_and_running_eager_leaves_nothing_in_the_temp_folder(fixture, tmp_path):
+    """No compiler involved, so nothing may import torch._dynamo (its import makes inductor's temp cache folder)."""
+    folder = fixture[0]
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from safetensors.torch import load_file
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_smolvla_reference import raw_observation
+        from vla_policy_node.models import load_policy
+        folder = Path({str(folder)!r})
+        inp = load_file(folder / "inputs.safetensors")
+        policy = load_policy(folder, device="cpu")
+        policy.predict_action_chunk(raw_observation(inp), noise=inp["noise"].numpy())
+        for family in ("pi0", "pi05"):
+            load_policy(folder.parent / family, device="cpu")
+        print("torch._dynamo" in sys.modules)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(TMPDIR=str(temp), PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "False"
+    assert sorted(os.listdir(temp)) == []

@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Optional
 import torch
 from safetensors import safe_open
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .checkpoint import FLOAT_DTYPES, CheckpointError, TensorInfo, check_config_types, read_safetensors_header
 
@@ -115,7 +116,7 @@ def build_model(factory: Callable[[], nn.Module], config: object, path: Path, ke
     check_config_types(config, "config.json")
     _check_layer_counts(config, len(header))
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoInit():
             meta = factory()
     except (ArithmeticError, RuntimeError, TypeError, ValueError) as exc:
         raise CheckpointError(f"config.json describes a model that cannot be built: {exc}") from exc
@@ -124,6 +125,22 @@ def build_model(factory: Callable[[], nn.Module], config: object, path: Path, ke
     model = factory()
     load_weights(model, path, key_map, aliases)
     return model
+
+
+class _NoInit(TorchFunctionMode):
+    """
+    Skip ``torch.nn.init`` during the meta-device build: meta tensors hold no values to fill.
+
+    On meta, the init functions run torch's reference kernels, whose first call imports
+    ``torch._dynamo``, and that import creates inductor's cache folder in the system temp
+    folder: a trace a load must not leave.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def _check_layer_counts(config: object, num_tensors: int) -> None:

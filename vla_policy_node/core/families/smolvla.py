@@ -177,8 +177,10 @@ def smolvlm_position_ids(num_patches_per_side: int) -> Tensor:
     were trained this way, and a plain ``arange`` is off by ~1e-1 in the actions.
     """
     n = num_patches_per_side
-    boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32)
-    coords = torch.arange(n, dtype=torch.float32) / n * (1 - 1e-6)
+    # A constant table, always made on the CPU (a float arange on the meta device of
+    # ``weights.build_model`` would run torch's reference kernel, which imports torch._dynamo).
+    boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32, device="cpu")
+    coords = torch.arange(n, dtype=torch.float32, device="cpu") / n * (1 - 1e-6)
     buckets = torch.bucketize(coords, boundaries, right=True)
     return (buckets[:, None] * n + buckets[None, :]).flatten()
 
