@@ -73,8 +73,30 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
     groups, lk = k.shape[1], k.shape[2]
     qg = q.float().reshape(b, groups, n_rep * lq, d)               # the heads sharing one K/V head, stacked
     scores = (qg @ k.float().transpose(-1, -2)).view(b, h, lq, lk) * scale + mask.float()
+    if _normalize_after(v):
+        weights, total = _unnormalized_softmax(scores)
+        return ((weights.view(b, groups, n_rep * lq, lk) @ v).view(b, h, lq, d) / total).to(v.dtype)
     probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, groups, n_rep * lq, lk)
     return (probs @ v).view(b, h, lq, d)
+
+
+def _normalize_after(v: Tensor) -> bool:
+    """
+    Whether to divide the softmax's sum out of the (B, H, Lq, D) output instead of the (B, H, Lq, Lk) scores.
+
+    Only in float32 code being compiled: a compiled softmax evaluates ``exp`` and writes
+    the probabilities in full, and normalising after the value product saved 6-8% of the
+    compiled denoising loop (tiny SmolVLA, batch 4, BENCHMARKS.md). Eager code keeps
+    ATen's softmax kernel, and bfloat16 keeps LeRobot's order (probabilities rounded to
+    bfloat16 before the value product).
+    """
+    return v.dtype == torch.float32 and torch.compiler.is_compiling()
+
+
+def _unnormalized_softmax(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """``exp(scores - max)`` and its sum over the last dim: softmax = weights / total."""
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return weights, weights.sum(-1, keepdim=True)
 
 
 def attention_split(q: Tensor, prefix_kv: tuple[Tensor, Tensor], suffix_kv: tuple[Tensor, Tensor], mask: Tensor,
@@ -96,6 +118,11 @@ def attention_split(q: Tensor, prefix_kv: tuple[Tensor, Tensor], suffix_kv: tupl
     qg = q.float().reshape(b, groups, h // groups * lq, d)          # the heads sharing one K/V head, stacked
     scores = torch.cat([qg @ kp.float().transpose(-1, -2), qg @ ks.float().transpose(-1, -2)], -1)
     scores = scores.view(b, h, lq, -1) * scale + mask.float()        # (B, H, Lq, Lp + Ls)
+    if _normalize_after(vp):
+        weights, total = _unnormalized_softmax(scores)
+        weights = weights.view(b, groups, h // groups * lq, -1)
+        out = (weights[..., :lp] @ vp + weights[..., lp:] @ vs).view(b, h, lq, d)
+        return out / total
     probs = torch.softmax(scores, dim=-1).to(vp.dtype).view(b, groups, h // groups * lq, -1)
     out = probs[..., :lp] @ vp + probs[..., lp:] @ vs
     return out.view(b, h, lq, d)
