@@ -107,11 +107,18 @@ class CompiledSample:
 
     @staticmethod
     def prefix_args(inputs: ModelInputs) -> tuple:
-        """Return the ``PrefixPass`` arguments, contiguous (a library assumes the strides it was built for)."""
+        """
+        Return the ``PrefixPass`` arguments in fixed layouts (a library assumes the strides it was built for).
+
+        Images are channels-last, as the pre-processor makes them from (H, W, 3) frames and as
+        the patch convolution reads them: contiguous NCHW copies were turned back to NHWC
+        inside the program (a 0.4 ms transpose at 12 images of 64 x 64).
+        """
         def dense(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.contiguous()
-        return ([dense(im) for im in inputs.images], [dense(m) for m in inputs.image_masks], dense(inputs.tokens),
-                dense(inputs.token_mask), dense(inputs.state))
+        return ([im.contiguous(memory_format=torch.channels_last) for im in inputs.images],
+                [dense(m) for m in inputs.image_masks], dense(inputs.tokens), dense(inputs.token_mask),
+                dense(inputs.state))
 
 
 @contextmanager
