@@ -298,6 +298,25 @@ def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)
 
 
+def time_half(mlp_in: nn.Linear, emb: Tensor) -> Tensor:
+    """
+    ``mlp_in`` applied to the time half of ``[action; time]``, bias included: (N, W) for embeddings (N, W).
+
+    The action-time MLP's first layer reads the concatenation of each action token and
+    the step's time embedding. The time part is the same for every token and every
+    control step, so it is computed once per schedule step; each denoising step then
+    multiplies only the action half (``action_half``): half the matmul, and no
+    (B, T, 2W) concatenation.
+    """
+    width = emb.shape[-1]
+    return F.linear(emb.to(mlp_in.weight.dtype), mlp_in.weight[:, width:], mlp_in.bias)
+
+
+def action_half(mlp_in: nn.Linear, action: Tensor) -> Tensor:
+    """``mlp_in`` applied to the action half of ``[action; time]``, without the bias (``time_half`` holds it)."""
+    return F.linear(action, mlp_in.weight[:, :action.shape[-1]])
+
+
 def check_flow_config(config: object) -> None:
     """
     Raise ValueError on sizes or time-embedding periods no flow-matching family can run with.

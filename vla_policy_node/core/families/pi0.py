@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..blocks import sinusoidal_time_embedding
+from ..blocks import action_half, sinusoidal_time_embedding, time_half
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
 from .paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
@@ -58,16 +58,15 @@ class Pi0(PaliGemmaFlowModel):
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope, "state_emb": state_emb})
 
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """Sin/cos embedding of each t_k, (1, 1, W) float32, concatenated to every action token."""
+        """The time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W)."""
         emb = sinusoidal_time_embedding(timesteps, self.expert.spec.width,
                                         self.config.min_period, self.config.max_period)
-        return [e[None, None] for e in emb]
+        return [t[None, None] for t in time_half(self.action_time_mlp_in, emb)]
 
     def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
-        b, t, _ = x_t.shape
+        t = x_t.shape[1]
         action = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype))           # (B, T, W)
-        time = time_cond.to(action.dtype).expand(b, t, -1)
-        h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action, time], dim=-1))))
+        h = self.action_time_mlp_out(F.silu(action_half(self.action_time_mlp_in, action) + time_cond))
         suffix = torch.cat([ctx.extras["state_emb"].to(h.dtype), h], dim=1).to(self.expert.dtype)
         out = self.expert(suffix, ctx.extras["rope"], ctx.extras["mask"], ctx.cache, self.backend, num_out=t)
         return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from ..attention import (additive_mask, attention, FIXED_KV_MAX_HEAD_DIM, FIXED_KV_SDPA, fixed_kv_attention,
                          fixed_kv_layout, make_att_2d_masks)
-from ..blocks import check_flow_config, DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
+from ..blocks import (action_half, check_flow_config, DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding,
+                      time_half)
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..rope import apply_rope, rope_cos_sin
 from ..types import ModelInputs
@@ -333,14 +334,14 @@ class SmolVLA(nn.Module):
 
     # ----------------------------------------------------------------- suffix
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
+        """The time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W_e) float32."""
         emb = sinusoidal_time_embedding(timesteps, self.config.expert.width,
                                         self.config.min_period, self.config.max_period)
-        return [e[None] for e in emb]                              # each (1, W_e), float32
+        return [t[None, None] for t in time_half(self.action_time_mlp_in, emb)]
 
     def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
         a = self.action_in_proj(x_t)                                # (B, T, W_e) float32
-        t = time_cond[:, None, :].expand_as(a).to(a.dtype)
-        h = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([a, t], dim=2))))
+        h = self.action_time_mlp_out(F.silu(action_half(self.action_time_mlp_in, a) + time_cond))
         h = h.to(self.dtype)
         ex = ctx.extras
         self_backend = FIXED_KV_SDPA if self._fixed_kv_attention(h.device) else self.backend
