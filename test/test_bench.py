@@ -111,8 +111,11 @@ def test_step_bytes_counts_every_weight_the_step_multiplies_by_once(tmp_path):
         return sum(p.numel() * p.element_size() for name, p in module.named_parameters() if not name.startswith(skip))
     expected = sum(nbytes(layer, ("self_attn.k_proj", "self_attn.v_proj") if layer.self_attn.cross else ())
                    for layer in model.expert_layers)
-    expected += sum(nbytes(getattr(model, name)) for name in ("action_in_proj", "action_time_mlp_in",
-                                                              "action_time_mlp_out", "expert_norm", "action_out_proj"))
+    expected += sum(nbytes(getattr(model, name)) for name in ("action_in_proj", "action_time_mlp_out", "expert_norm",
+                                                              "action_out_proj"))
+    # The time MLP's bias is in the per-step time constant (``blocks.time_half``); its weight's
+    # storage counts whole, though the step multiplies only the action half of it.
+    expected += nbytes(model.action_time_mlp_in, ("bias",))
     assert any(layer.mlp.gate_up_weight is not None for layer in model.expert_layers)     # fused: the case at stake
     counted = cli.step_bytes(policy, inputs, torch.from_numpy(noise))
     assert counted["weights"] == expected

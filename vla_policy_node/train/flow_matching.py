@@ -49,6 +49,6 @@ def flow_matching_loss(model: SmolVLA, inputs: ModelInputs, actions: Tensor, noi
     cache = VLAPrefixCache()
     ctx = model.encode_prefix(inputs, cache)
     cache.freeze(model.num_cache_layers)
-    time_cond = torch.cat(model.time_conditioning(time), dim=0)      # (B, W_expert)
+    time_cond = torch.cat(model.time_conditioning(time), dim=0)      # (B, 1, W_expert)
     velocity = model.velocity(x_t, time_cond, ctx)
     return torch.nn.functional.mse_loss(velocity, target)

@@ -58,7 +58,7 @@ class Pi0(PaliGemmaFlowModel):
         return PrefixContext(cache, pad, {"mask": mask, "rope": rope, "state_emb": state_emb})
 
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """The time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W)."""
+        """Return the time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W)."""
         emb = sinusoidal_time_embedding(timesteps, self.expert.spec.width,
                                         self.config.min_period, self.config.max_period)
         return [t[None, None] for t in time_half(self.action_time_mlp_in, emb)]

@@ -334,7 +334,7 @@ class SmolVLA(nn.Module):
 
     # ----------------------------------------------------------------- suffix
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """The time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W_e) float32."""
+        """Return the time half of ``action_time_mlp_in`` for each step, with its bias: (1, 1, W_e) float32."""
         emb = sinusoidal_time_embedding(timesteps, self.config.expert.width,
                                         self.config.min_period, self.config.max_period)
         return [t[None, None] for t in time_half(self.action_time_mlp_in, emb)]
