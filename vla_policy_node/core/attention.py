@@ -84,13 +84,13 @@ def _normalize_after(v: Tensor) -> bool:
     """
     Whether to divide the softmax's sum out of the (B, H, Lq, D) output instead of the (B, H, Lq, Lk) scores.
 
-    Only in float32 code being compiled: a compiled softmax evaluates ``exp`` and writes
+    Only in float32 CPU code being compiled: a compiled softmax evaluates ``exp`` and writes
     the probabilities in full, and normalising after the value product saved 6-8% of the
     compiled denoising loop (tiny SmolVLA, batch 4, BENCHMARKS.md). Eager code keeps
-    ATen's softmax kernel, and bfloat16 keeps LeRobot's order (probabilities rounded to
-    bfloat16 before the value product).
+    ATen's softmax kernel, bfloat16 keeps LeRobot's order (probabilities rounded to
+    bfloat16 before the value product), and GPUs keep the arithmetic they were measured with.
     """
-    return v.dtype == torch.float32 and torch.compiler.is_compiling()
+    return v.dtype == torch.float32 and v.device.type == "cpu" and torch.compiler.is_compiling()
 
 
 def _unnormalized_softmax(scores: Tensor) -> tuple[Tensor, Tensor]:
