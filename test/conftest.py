@@ -24,6 +24,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # The compiled programs tests build are kept between runs, so a rerun loads them instead of compiling
 # (the cache's own tests use folders of their own).
 os.environ.setdefault("VLA_POLICY_NODE_CACHE_DIR", str(REPO / ".pytest_cache" / "vla_policy_node"))
+# Tests that compile or export outside a ProgramCache (its own fixtures) keep inductor's files there
+# too, instead of the system temp folder.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".pytest_cache" / "inductor"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

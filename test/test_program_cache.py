@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from vla_policy_node.core.compiled import aot_compile
-from vla_policy_node.core.program_cache import default_cache_dir, MANIFEST, NOT_TRACED, ProgramCache, source_digest
+from vla_policy_node.core.program_cache import (default_cache_dir, MANIFEST, NOT_TRACED, point_compiler_caches_at,
+                                                ProgramCache, source_digest)
 from vla_policy_node.models import build_tiny_policy
 
 CPU = torch.device("cpu")
@@ -47,6 +48,7 @@ def package(tmp_path_factory) -> Path:
     """Compile the ``KEY`` program once for the module: the builds of the cache tests copy it."""
     path = tmp_path_factory.mktemp("package") / "program.pt2"
     torch.manual_seed(0)
+    point_compiler_caches_at(tmp_path_factory.mktemp("compiler"))    # as a ProgramCache build does
     build(path)
     return path
 
