@@ -24,7 +24,9 @@ def test_bench_json_structure_without_lerobot(tmp_path, monkeypatch, capsys):
     r = run_bench(tmp_path)
     assert r["config"]["family"] == "smolvla" and r["config"]["cameras"] == 1
     assert r["config"]["num_steps"] == 10 and r["config"]["chunk_size"] == 50
-    assert r["config"]["prefix_tokens"] == (64 // 8) ** 2 // 2 ** 2 + 48 + 1   # camera + language + state
+    # camera + the prompt positions some row uses (eager code skips the rest of max_length's 48) + state
+    assert r["config"]["prompt_tokens"] == 48 and 0 < r["config"]["prompt_tokens_used"] < 48
+    assert r["config"]["prefix_tokens"] == (64 // 8) ** 2 // 2 ** 2 + r["config"]["prompt_tokens_used"] + 1
     for stage in cli.STAGES:
         s = r["stages"][stage]
         assert 0 < s["median_ms"] <= s["p95_ms"] <= s["max_ms"], stage

@@ -139,12 +139,12 @@ def test_pi0_checkpoint_loads_with_load_policy(small, tmp_path, dtype):
     # the tokenizer: <bos> first, <pad> = 0 after the text, 48 tokens
     tokens, mask = policy.preprocessor.tokenizer(["pick up the red cube\n"], 48, "max_length")
     assert tokens[0, 0] == 2 and mask[0].sum() == 1 + len("pick up the red cube\n") and tokens[0, -1] == 0
-    # it runs: 2 cameras x 256 tokens + 48 language tokens in the prefix
+    # it runs: 2 cameras x 256 tokens + the prompt's 22 tokens in the prefix (eager code skips the padding)
     obs = {"images": {n: np.zeros((480, 640, 3), np.uint8) for n in policy.camera_names},
            "state": np.zeros(checkpoints.STATE_DIM, np.float32), "task": "pick up the red cube"}
     actions = policy.predict_action_chunk(obs)
     assert actions.shape == (1, 50, checkpoints.ACTION_DIM) and np.isfinite(actions).all()
-    assert policy.runtime.cache.seq_length() == 2 * 256 + 48
+    assert policy.runtime.cache.seq_length() == 2 * 256 + int(mask[0].sum())
     # the memory estimate's run-time figures are what the loaded policy holds
     est = checkpoints.memory_estimate("pi0", 2, dtype)
     held = cli.tensor_bytes(policy.model)
@@ -186,7 +186,8 @@ def test_bench_pi0_end_to_end_skips_lerobot_with_the_reason(small, monkeypatch, 
     assert cli.main([*args, "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     c = r["config"]
-    assert c["family"] == "pi0" and c["prefix_tokens"] == 256 + 48 and c["dtype"] == "bfloat16"
+    assert c["family"] == "pi0" and c["dtype"] == "bfloat16" and c["prompt_tokens"] == 48
+    assert c["prefix_tokens"] == 256 + c["prompt_tokens_used"]            # eager code skips unused padding
     assert c["checkpoint"]["dtype"] == "bfloat16" and c["checkpoint"]["save_s"] >= 0 and c["load_s"] > 0
     assert not r["lerobot"]["available"] and "transformers.models.siglip.check" in r["lerobot"]["reason"]
     m = r["memory"]

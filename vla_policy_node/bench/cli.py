@@ -525,6 +525,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         "config": {"name": args.checkpoint or args.config, "family": policy.family, "cameras": len(policy.camera_names),
                    "batch": args.batch, "padding": policy.preprocessor.padding,
                    "prompt_tokens": int(inputs.tokens.shape[1]),
+                   "prompt_tokens_used": int(inputs.token_mask.bool().any(0).sum()),   # eager code skips the rest
                    "device": str(policy.device), "dtype": args.dtype, "threads": threads,
                    "threads_used": policy.threads or threads, "threads_report": policy.threads_report,
                    "compiled": policy.runtime.torch_compile, "compile_report": policy.compile_report,
@@ -580,7 +581,8 @@ def dds_table(result: dict) -> str:
 def table(result: dict) -> str:
     c, m, s = result["config"], result["memory"], result["stages"]
     lines = [f"vla-policy-bench: {c['name']} ({c['family']}, {c['params_m']:.1f} M params), {c['cameras']} camera(s), "
-             f"batch {c['batch']}, '{c['padding']}' padding ({c['prompt_tokens']} prompt tokens), "
+             f"batch {c['batch']}, '{c['padding']}' padding ({c['prompt_tokens']} prompt tokens, "
+             f"{c['prompt_tokens_used']} used), "
              f"{c['device']} {c['dtype']}, {c['threads']} threads ({c['threads_used']} used), "
              f"{c['prefix_tokens']} prefix tokens, "
              f"{c['num_steps']} steps, chunk {c['chunk_size']}, {c['iters']} iterations after {c['warmup']} warm-up",

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import packed_linear
-from .prefix_cache import PrefixKV
+from . import in_place, packed_linear
+from .prefix_cache import PrefixKV, VLAPrefixCache
 from .rope import apply_rope
 
 ACTIVATIONS = {
@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
             # x * rsqrt(mean(x^2) + eps) * w == x / hypot(|x|, sqrt(d * eps)) * (w * sqrt(d)):
             # four kernels, within a few float32 ulps of it.
             scale, root_eps = self._cpu_constants(xf.shape[-1])
-            out = xf / torch.hypot(torch.linalg.vector_norm(xf, dim=-1, keepdim=True), root_eps) * scale
+            out = (xf / torch.hypot(torch.linalg.vector_norm(xf, dim=-1, keepdim=True), root_eps)).mul_(scale)
         elif self.offset == 0.0 and self.weight.dtype == torch.float32:
             out = F.rms_norm(xf, (xf.shape[-1],), self.weight, self.eps)
         else:
@@ -105,6 +105,8 @@ class GatedMLP(nn.Module):
         if self.gate_up_weight is None:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         gate, up = packed_linear.linear(x, self.gate_up_weight, None, self.gate_up_packed).chunk(2, dim=-1)
+        if self.act is F.silu and in_place.allowed():
+            return self.down_proj(F.silu(gate, inplace=True).mul_(up))
         return self.down_proj(self.act(gate) * up)
 
 
@@ -274,13 +276,26 @@ class DecoderLayer(nn.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return gated_residual(x, self.self_attn.out(cache.attend(q, k, v, mask, layer_idx, backend)), gate)
 
+    def store_kv(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: VLAPrefixCache, layer_idx: int,
+                 cond: Optional[Tensor] = None) -> None:
+        """
+        Put this layer's K/V into the filling cache and stop: the last layer of a prefix pass.
+
+        Nothing reads that layer's output, only its K/V, so its attention, output
+        projection and MLP are skipped (a graph compiler drops them anyway; eager code has to).
+        """
+        h, _ = self.input_layernorm(x, cond)
+        _, k, v = self.self_attn.qkv(h)
+        cache.update(apply_rope(k, *rope), v, layer_idx)
+
     def mlp_block(self, x: Tensor, cond: Optional[Tensor] = None) -> Tensor:
         h, gate = self.post_attention_layernorm(x, cond)
         return gated_residual(x, self.mlp(h), gate)
 
 
 def gated_residual(x: Tensor, y: Tensor, gate: Optional[Tensor]) -> Tensor:
-    return x + y if gate is None else x + y * gate
+    """Return ``x + y`` (``x + y * gate`` with a gate); y is the block's own output, so it may be overwritten."""
+    return in_place.add(x, y) if gate is None else x + y * gate
 
 
 def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:

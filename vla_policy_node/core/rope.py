@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import in_place
+
 
 def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
     """
@@ -33,5 +35,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     bit for bit, in four kernels instead of eleven (the expert step is launch-bound).
     """
     xf = x if x.dtype == torch.float32 else x.float()
-    out = xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin
+    rotated = xf.roll(x.shape[-1] // 2, dims=-1)
+    if sin.shape[0] in (1, xf.shape[0]) and in_place.allowed():     # sin broadcasts to x's shape
+        out = (xf * cos).add_(rotated.mul_(sin))
+    else:
+        out = xf * cos + rotated * sin
     return out if x.dtype == torch.float32 else out.to(x.dtype)

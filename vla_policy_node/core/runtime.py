@@ -24,7 +24,7 @@ from .compiled import CompiledSample, input_signature
 from .flow import VelocityFn, euler_integrate, euler_schedule
 from .prefix_cache import PrefixContext, VLAPrefixCache
 from .program_cache import compiler_settings, device_kind, ProgramCache, source_digest, tensors_digest
-from .shape_buckets import smallest_holding, with_batch_size, with_prompt_length
+from .shape_buckets import smallest_holding, with_batch_size, with_prompt_length, without_shared_padding
 from .types import ModelInputs
 
 STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
@@ -167,7 +167,7 @@ class PolicyRuntime:
                 return sample(built_inputs, built_noise, key)[:rows]
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
-            ctx = self.encode(inputs)
+            ctx = self.encode(without_shared_padding(inputs))
             t0 = time.perf_counter()
             velocity = self.velocity_fn(ctx)
             if guide is not None:
@@ -211,6 +211,7 @@ class PolicyRuntime:
     def sample_naive(self, inputs: ModelInputs, noise: Tensor) -> Tensor:
         """Sample by the reference path that recomputes the prefix at every denoising step (benchmarks, tests)."""
         self._check_noise(noise, inputs.batch_size)
+        inputs = without_shared_padding(inputs)
         with torch.inference_mode():
             def velocity(x_t: Tensor, k: int) -> Tensor:
                 ctx = self.encode(inputs)

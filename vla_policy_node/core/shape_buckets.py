@@ -56,6 +56,26 @@ def smallest_holding(sizes: Sequence[int], n: int) -> Optional[int]:
     return min(fits) if fits else None
 
 
+def without_shared_padding(inputs: ModelInputs) -> ModelInputs:
+    """
+    Drop the prompt positions that are padding in every row: eager code then never computes them.
+
+    No real token reads a padding token (its key is masked out, and positions count real
+    tokens only), so the results are the same up to float rounding: a softmax sums fewer
+    exact zeros. With ``max_length`` padding (48 tokens for SmolVLA and pi0, 200 for pi0.5)
+    a short instruction otherwise runs every layer over the padding. Masks already on a GPU
+    are left as they are: reading them would wait for the device.
+    """
+    mask = inputs.token_mask
+    if mask.device.type != "cpu" or mask.shape[1] == 0:
+        return inputs
+    keep = mask.bool().any(0)                                      # (L,) a real token in some row
+    kept = int(keep.sum())
+    if kept in (0, mask.shape[1]):
+        return inputs
+    return ModelInputs(inputs.images, inputs.image_masks, inputs.tokens[:, keep], mask[:, keep], inputs.state)
+
+
 def with_prompt_length(inputs: ModelInputs, length: int) -> ModelInputs:
     """Pad the prompt to ``length`` tokens (pad id 0, mask false), or cut it there (warm-up shapes only)."""
     tokens, mask = inputs.tokens, inputs.token_mask

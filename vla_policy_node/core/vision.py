@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import in_place
+
 
 @dataclass(frozen=True)
 class VisionSpec:
@@ -88,8 +90,8 @@ class VisionLayer(nn.Module):
         self.mlp = VisionMLP(spec)
 
     def forward(self, x: Tensor, backend: str) -> Tensor:
-        x = x + self.self_attn(self.layer_norm1(x), backend)
-        return x + self.mlp(self.layer_norm2(x))
+        x = in_place.add(x, self.self_attn(self.layer_norm1(x), backend))
+        return in_place.add(x, self.mlp(self.layer_norm2(x)))
 
 
 class VisionEncoder(nn.Module):

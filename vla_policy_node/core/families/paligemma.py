@@ -233,11 +233,10 @@ class PaliGemma(nn.Module):
         mask = additive_mask(make_att_2d_masks(pad_mask, ar), embs.dtype)
         rope = rope_cos_sin(torch.cumsum(pad_mask.long(), dim=1) - 1, self.text.head_dim, self.text.rope_base)
         x = embs
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer.attention_block(x, rope, mask, cache, i, backend)
-            if i < last:               # the last layer's output is never read: only its K/V are
-                x = layer.mlp_block(x)
+        *layers, last = self.layers
+        for i, layer in enumerate(layers):
+            x = layer.mlp_block(layer.attention_block(x, rope, mask, cache, i, backend))
+        last.store_kv(x, rope, cache, len(layers))
 
 
 class GemmaExpert(nn.Module):

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import in_place
 from ..blocks import action_half, sinusoidal_time_embedding, time_half
 from ..prefix_cache import PrefixContext, VLAPrefixCache
 from ..types import ModelInputs
@@ -66,7 +66,7 @@ class Pi0(PaliGemmaFlowModel):
     def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
         t = x_t.shape[1]
         action = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype))           # (B, T, W)
-        h = self.action_time_mlp_out(F.silu(action_half(self.action_time_mlp_in, action) + time_cond))
+        h = self.action_time_mlp_out(in_place.silu_of_sum(action_half(self.action_time_mlp_in, action), time_cond))
         suffix = torch.cat([ctx.extras["state_emb"].to(h.dtype), h], dim=1).to(self.expert.dtype)
         out = self.expert(suffix, ctx.extras["rope"], ctx.extras["mask"], ctx.cache, self.backend, num_out=t)
         return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..attention import (additive_mask, attention, FIXED_KV_MAX_HEAD_DIM, FIXED_KV_SDPA, fixed_kv_attention,
                          fixed_kv_layout, make_att_2d_masks)
+from .. import in_place
 from ..blocks import (action_half, check_flow_config, DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding,
                       time_half)
 from ..prefix_cache import PrefixContext, VLAPrefixCache
@@ -278,11 +279,10 @@ class SmolVLA(nn.Module):
         positions = torch.cumsum(pad.long(), dim=1) - 1
         rope = rope_cos_sin(positions, self.config.text.head_dim, self.config.text.rope_base)
         x = emb
-        last = len(self.vlm_layers) - 1
-        for i, layer in enumerate(self.vlm_layers):
-            x = layer.attention_block(x, rope, mask, cache, i, self.backend)
-            if i < last:               # the last layer's output is never read: only its K/V are
-                x = layer.mlp_block(x)
+        *layers, last = self.vlm_layers
+        for i, layer in enumerate(layers):
+            x = layer.mlp_block(layer.attention_block(x, rope, mask, cache, i, self.backend))
+        last.store_kv(x, rope, cache, len(layers))
         return PrefixContext(cache=cache, pad_mask=pad, extras=self._suffix_constants(pad, cache))
 
     def _suffix_constants(self, pad: Tensor, cache: VLAPrefixCache) -> dict[str, Any]:
@@ -341,7 +341,7 @@ class SmolVLA(nn.Module):
 
     def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
         a = self.action_in_proj(x_t)                                # (B, T, W_e) float32
-        h = self.action_time_mlp_out(F.silu(action_half(self.action_time_mlp_in, a) + time_cond))
+        h = self.action_time_mlp_out(in_place.silu_of_sum(action_half(self.action_time_mlp_in, a), time_cond))
         h = h.to(self.dtype)
         ex = ctx.extras
         self_backend = FIXED_KV_SDPA if self._fixed_kv_attention(h.device) else self.backend
@@ -361,8 +361,7 @@ class SmolVLA(nn.Module):
         h, _ = layer.input_layernorm(x)
         q = apply_rope(layer.self_attn.q(h), *rope)
         out = attention(q, kv[0], kv[1], mask, self.backend) if fixed is None else fixed_kv_attention(q, *fixed)
-        x = x + layer.self_attn.out(out)
-        return layer.mlp_block(x)
+        return layer.mlp_block(in_place.add(x, layer.self_attn.out(out)))
 
 
 def key_rules() -> list[tuple[str, Optional[str]]]:
