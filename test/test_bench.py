@@ -66,7 +66,8 @@ def test_matrix_row_reads_two_bench_runs(tmp_path, monkeypatch):
                                             "pipeline_speedup": 3.5, "pipeline_max_abs_diff": 2e-7}
     cells = [c.strip() for c in matrix.row(eager, faster).strip("|").split("|")]
     assert len(cells) == len(matrix.HEADER.splitlines()[0].strip("|").split("|"))
-    assert cells[:4] == ["1", "1", "1", "max_length (48)"] and cells[6] == "2.00x"
+    used = eager["config"]["prompt_tokens_used"]
+    assert cells[:4] == ["1", "1", "1", f"max_length (48, eager {used})"] and cells[6] == "2.00x"
     assert cells[7:11] == ["40.0", "3.50x", "**3.50x**", "2.0e-07"]
     eager["lerobot"] = {"available": False}
     assert "not measured" in matrix.row(eager, faster)

@@ -53,7 +53,9 @@ def row(eager: dict, compiled: dict) -> str:
     fewer = [f"{kind} ran {r['config']['threads_used']}" for kind, r in (("eager", eager), ("compiled", compiled))
              if r["config"].get("threads_used", c["threads"]) != c["threads"]]    # the warm-up's thread race
     threads = f"{c['threads']} ({', '.join(fewer)})" if fewer else f"{c['threads']}"
-    return (f"| {threads} | {c['batch']} | {c['cameras']} | {c['padding']} ({c['prompt_tokens']}) "
+    used = c.get("prompt_tokens_used", c["prompt_tokens"])      # eager code skips padding no row uses
+    tokens = f"{c['prompt_tokens']}" if used == c["prompt_tokens"] else f"{c['prompt_tokens']}, eager {used}"
+    return (f"| {threads} | {c['batch']} | {c['cameras']} | {c['padding']} ({tokens}) "
             f"| {e_ms:.2f} | {c_ms:.2f} | {e_ms / c_ms:.2f}x | {lerobot} "
             f"| {eager['load_average']:.1f} / {compiled['load_average']:.1f} |")
 

@@ -75,7 +75,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
     scores = (qg @ k.float().transpose(-1, -2)).view(b, h, lq, lk) * scale + mask.float()
     if _normalize_after(v):
         weights, total = _unnormalized_softmax(scores)
-        return ((weights.view(b, groups, n_rep * lq, lk) @ v).view(b, h, lq, d) / total).to(v.dtype)
+        return (weights.view(b, groups, n_rep * lq, lk) @ v).view(b, h, lq, d) / total      # v is float32 here
     probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, groups, n_rep * lq, lk)
     return (probs @ v).view(b, h, lq, d)
 
