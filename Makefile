@@ -107,6 +107,17 @@ GPU_PYTHON ?= $(shell test -x '$(PYTHON)' && echo '$(PYTHON)' || echo python3)
 gpu-check:
 	$(GPU_PYTHON) -m vla_policy_node.bench.gpu_check $(GPU_CHECK_ARGS)
 
+# Optional, for developers: regenerate the LeRobot 0.6.1 and 0.5.1 reference checkpoints under
+# test/fixtures/ (make test never needs LeRobot). Each LeRobot goes in a venv of its own, patched to
+# run on Python 3.11 (tools/lerobot/setup_env.sh); the fixtures come out bit-identical.
+.PHONY: lerobot-fixtures
+lerobot-fixtures:
+	tools/lerobot/setup_env.sh 0.6.1 .venv-lerobot061
+	.venv-lerobot061/bin/python tools/lerobot/make_fixtures.py
+	.venv-lerobot061/bin/python tools/lerobot/make_rtc_fixture.py test/fixtures/lerobot061/smolvla
+	tools/lerobot/setup_env.sh 0.5.1 .venv-lerobot051
+	.venv-lerobot051/bin/python tools/lerobot/make_fixtures.py
+
 # Optional: LeRobot 0.4.4 in its own environment (it pins torch<2.11) for vla-policy-bench's
 # LeRobot column; several GB (PyPI's x86_64 torch is a CUDA build, run on the CPU here).
 .PHONY: lerobot-env

@@ -12,6 +12,7 @@ Expected values are derived from LeRobot's own outputs in the shared pi0 fixture
 - ``resize_with_pad_torch`` (``lerobot/policies/pi0/modeling_pi0.py``): LeRobot 0.4.4 pads
   float images with -1.0 *before* ``x * 2 - 1`` (padded pixels reach the model at -3); from
   0.5 it clamps to [0, 1] and pads 0.0 (-1 at the model). The resized pixels are the same.
+  Which LeRobot wrote a folder is read from its files (``test_lerobot_generation.py``).
 """
 
 from __future__ import annotations
@@ -87,15 +88,31 @@ def lerobot_0_5_images(inp):
     return [im.where(im != -3.0, -1.0) for im in images]
 
 
-@pytest.mark.parametrize("how", ["vla_policy_node.json", "argument"])
-def test_lerobot_0_5_pads_images_with_minus_one(pi0_copy, how):
+def as_lerobot_0_5(folder):
+    """Rewrite a LeRobot 0.4.4 pi0 folder as LeRobot 0.5.1 saves it: the relative-action keys and steps (off)."""
+    config = json.loads((folder / "config.json").read_text())
+    config.update(use_relative_actions=False, relative_exclude_joints=["gripper"], action_feature_names=None)
+    (folder / "config.json").write_text(json.dumps(config))
+    pre = json.loads((folder / "policy_preprocessor.json").read_text())
+    at = next(i for i, s in enumerate(pre["steps"]) if s["registry_name"] == "normalizer_processor")
+    pre["steps"].insert(at, {"registry_name": "delta_actions_processor",
+                             "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}})
+    old = pre["steps"][at + 1]["state_file"]
+    new = old.replace(f"_step_{at}_", f"_step_{at + 1}_")
+    (folder / old).rename(folder / new)
+    pre["steps"][at + 1]["state_file"] = new
+    (folder / "policy_preprocessor.json").write_text(json.dumps(pre))
+    post = json.loads((folder / "policy_postprocessor.json").read_text())
+    post["steps"].insert(1, {"registry_name": "absolute_actions_processor", "config": {"enabled": False}})
+    (folder / "policy_postprocessor.json").write_text(json.dumps(post))
+
+
+def test_lerobot_0_5_pads_images_with_minus_one(pi0_copy):
     inp = load_file(pi0_copy / "inputs.safetensors")
     assert (inp["model_input.image.0"] == -3.0).any()     # the 48x64 camera is padded at 56x56
-    if how == "argument":
-        policy = load_policy(pi0_copy, device="cpu", lerobot_version="0.5.1")
-    else:
-        (pi0_copy / "vla_policy_node.json").write_text(json.dumps({"lerobot_version": "0.5.1"}))
-        policy = load_policy(pi0_copy, device="cpu")
+    as_lerobot_0_5(pi0_copy)
+    policy = load_policy(pi0_copy, device="cpu")
+    assert policy.provenance.startswith("LeRobot 0.5.x") and "use_relative_actions" in policy.provenance
     pre = policy.preprocessor(raw_observation(inp))
     for ours, expected in zip(pre.images, lerobot_0_5_images(inp)):
         assert (ours - expected).abs().max().item() <= 1e-6
@@ -103,13 +120,12 @@ def test_lerobot_0_5_pads_images_with_minus_one(pi0_copy, how):
 
 
 @pytest.mark.parametrize("version", [None, "0.4.4", "0.4"])
-def test_lerobot_0_4_pads_images_with_minus_three(pi0_copy, version, caplog):
+def test_lerobot_0_4_pads_images_with_minus_three(pi0_copy, version):
     inp = load_file(pi0_copy / "inputs.safetensors")
     if version is not None:
         (pi0_copy / "vla_policy_node.json").write_text(json.dumps({"lerobot_version": version}))
-    with caplog.at_level("WARNING"):
-        policy = load_policy(pi0_copy, device="cpu")
-    assert ("no LeRobot version recorded" in caplog.text) == (version is None)
+    policy = load_policy(pi0_copy, device="cpu")
+    assert policy.provenance.startswith("LeRobot 0.4.x")
     pre = policy.preprocessor(raw_observation(inp))
     for i, ours in enumerate(pre.images):
         assert (ours - inp[f"model_input.image.{i}"]).abs().max().item() <= 1e-6

@@ -160,8 +160,11 @@ def test_gemma_layer_matches_transformers(backend):
         rope_s = rope_cos_sin(positions[:, lp:], 16, 10000.0)
         suffix = ours(x[:, lp:], rope_s, additive_mask(allowed[:, lp:], torch.float32), cache, 0, backend)
     valid = pad[:, :lp]
-    assert max_diff(prefix[valid], out[:, :lp][valid]) < 1e-5
-    assert max_diff(suffix, out[:, lp:]) < 1e-5
+    # Outputs reach ~10 with these 0.2-std weights: float32 summation order alone moves the last
+    # bits by ~1e-5 depending on the CPU's kernels, so the bound is relative to the magnitude.
+    tol = 2e-6 * out.abs().max().item()
+    assert max_diff(prefix[valid], out[:, :lp][valid]) < tol
+    assert max_diff(suffix, out[:, lp:]) < tol
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])

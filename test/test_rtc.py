@@ -233,3 +233,39 @@ def test_scheduler_passes_the_guidance_choice_to_the_policy_request():
     for k in range(5):
         scheduler.next_action(0.1 * (k + 1))
     assert scheduler.begin_request(0.6).rtc.guidance == "lerobot"
+
+
+def test_lerobot_guidance_sees_only_its_execution_horizon():
+    # LeRobot's RTCProcessor.denoise_step zero-pads the whole left-over chunk as the target but
+    # weights it with get_prefix_weights(delay, execution_horizon, T): rows past the horizon get 0.
+    # So 20 committed actions with execution_horizon 10 guide exactly as LeRobot's own test case.
+    x = torch.ones(1, 20, 1)
+    velocity = rtc_guided_velocity(lambda z, k: 0.5 * z, torch.full((20, 1), 0.1), 5, 2, 10.0, "lerobot",
+                                   execution_horizon=10)
+    out = velocity(x, 1)                                   # step 1 of 2: t = 0.5
+    torch.testing.assert_close(out[0, :, 0], torch.tensor(LEROBOT_EXPECTED[10]), atol=1e-4, rtol=0)
+    # The delay is cut to the horizon (get_prefix_weights: start = min(start, end)).
+    cut = rtc_guided_velocity(lambda z, k: 0.5 * z, torch.full((20, 1), 0.1), 15, 2, 10.0, "lerobot",
+                              execution_horizon=10)(x, 1)
+    torch.testing.assert_close(cut[0, :10, 0], torch.full((10,), 1.8), atol=1e-4, rtol=0)
+    torch.testing.assert_close(cut[0, 10:, 0], torch.full((10,), 0.5), atol=1e-6, rtol=0)
+    # The paper's guidance keeps every committed action.
+    with torch.no_grad():
+        paper = rtc_guided_velocity(lambda z, k: 0.5 * z, torch.full((20, 1), 0.1), 5, 2, 10.0, "paper",
+                                    execution_horizon=10)(x, 1)
+    assert paper[0, 12, 0].item() != pytest.approx(0.5)
+
+
+def test_scheduler_sends_the_execution_horizon_only_with_lerobot_guidance():
+    from vla_policy_node.core.chunking import ChunkScheduler, SchedulerConfig
+
+    with pytest.raises(ValueError, match="execution_horizon"):
+        SchedulerConfig(control_rate_hz=10.0, horizon=8, blend="rtc", execution_horizon=0)
+    for guidance, expected in (("lerobot", 3), ("paper", None)):
+        scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=10.0, horizon=8, blend="rtc",
+                                                   rtc_guidance=guidance, execution_horizon=3))
+        first = scheduler.begin_request(0.0)
+        scheduler.submit_chunk(first, np.zeros((8, 2)), 0.05)
+        for k in range(5):
+            scheduler.next_action(0.1 * (k + 1))
+        assert scheduler.begin_request(0.6).rtc.execution_horizon == expected

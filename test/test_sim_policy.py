@@ -35,7 +35,9 @@ def test_shipped_checkpoint_has_lerobots_layout_and_is_small():
     size = sum(p.stat().st_size for p in SHIPPED_CHECKPOINT.rglob('*') if p.is_file())
     assert size <= 10 * 2**20
     config = json.loads((SHIPPED_CHECKPOINT / 'config.json').read_text())
-    assert config['type'] == 'smolvla' and config['joint_names'] == ['shoulder', 'elbow', 'wrist']
+    settings = json.loads((SHIPPED_CHECKPOINT / 'vla_policy_node.json').read_text())
+    assert config['type'] == 'smolvla' and 'joint_names' not in config       # LeRobot refuses unknown fields
+    assert settings['joint_names'] == ['shoulder', 'elbow', 'wrist']
 
 
 def test_shipped_checkpoint_loads_through_load_policy():

@@ -342,7 +342,8 @@ def load_stats(path: Path) -> dict[str, dict[str, np.ndarray]]:
     return stats
 
 
-def _pipeline_steps(folder: Path, config_name: str) -> Optional[list[dict]]:
+def pipeline_steps(folder: Path, config_name: str) -> Optional[list[dict]]:
+    """Return the ``steps`` of a LeRobot processor pipeline file, or None when the file is absent."""
     path = inside(folder, config_name)
     if not path.is_file():
         return None
@@ -361,7 +362,7 @@ def _step_config(config_name: str, entry: dict) -> dict:
 
 def lerobot_processor_stats(folder: Path, config_name: str, step: str) -> tuple[dict, dict, float]:
     """Statistics, norm map and eps of the ``step`` of a LeRobot processor pipeline file."""
-    steps = _pipeline_steps(folder, config_name)
+    steps = pipeline_steps(folder, config_name)
     if steps is None:
         raise CheckpointError(f"missing {config_name} in {folder}")
     for entry in steps:
@@ -380,7 +381,7 @@ def lerobot_processor_stats(folder: Path, config_name: str, step: str) -> tuple[
 
 def processor_step_config(folder: Path, config_name: str, step: str) -> Optional[dict]:
     """Return the ``config`` of one step of a LeRobot processor pipeline, or None if absent."""
-    for entry in _pipeline_steps(folder, config_name) or []:
+    for entry in pipeline_steps(folder, config_name) or []:
         if entry.get("registry_name") == step:
             return _step_config(config_name, entry)
     return None

@@ -53,6 +53,7 @@ class SchedulerConfig:
     ensemble_decay: float = 0.1  # temporal_ensemble: m in exp(-m * i), i = 0 oldest
     rtc_max_guidance_weight: float = 10.0  # rtc: beta, clip of the guidance weight
     rtc_guidance: str = "paper"  # rtc: one of RTC_GUIDANCE
+    execution_horizon: int = 10  # rtc with lerobot guidance: committed actions guided (LeRobot's default)
     delay_window: int = 8  # delay estimate = max latency of the last N steady-state chunks
     rate_ema_alpha: float = 0.05  # weight of one tick interval in the measured rate
 
@@ -73,6 +74,8 @@ class SchedulerConfig:
             raise ValueError(f"rtc_max_guidance_weight must be finite and > 0, got {self.rtc_max_guidance_weight}")
         if self.rtc_guidance not in RTC_GUIDANCE:
             raise ValueError(f"rtc_guidance must be one of {RTC_GUIDANCE}, got {self.rtc_guidance!r}")
+        if self.execution_horizon < 1:
+            raise ValueError(f"execution_horizon must be >= 1, got {self.execution_horizon}")
         if self.delay_window < 1:
             raise ValueError(f"delay_window must be >= 1, got {self.delay_window}")
         if not 0.0 < self.rate_ema_alpha <= 1.0:
@@ -87,6 +90,7 @@ class RTCGuidance:
     delay_steps: int  # d: actions of the new chunk that run before it arrives (0 <= d <= K); K until measured
     max_guidance_weight: float  # beta
     guidance: str = "paper"  # one of RTC_GUIDANCE
+    execution_horizon: int | None = None  # lerobot guidance: only the first N committed actions (None: all K)
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,8 @@ class ChunkScheduler:
             prefix.setflags(write=False)
             delay = self.delay_steps
             delay = len(prefix) if delay is None else min(delay, len(prefix))
-            rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight, self.config.rtc_guidance)
+            horizon = self.config.execution_horizon if self.config.rtc_guidance == "lerobot" else None
+            rtc = RTCGuidance(prefix, delay, self.config.rtc_max_guidance_weight, self.config.rtc_guidance, horizon)
         self._pending = ChunkRequest(self._next_id, self._episode, now, self._step, rtc, oldest_input,
                                      self._issuer)
         self._pending_is_startup = not self._received

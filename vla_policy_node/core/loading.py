@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -15,6 +14,8 @@ from torch import Tensor, nn
 
 from . import checkpoint as ckpt
 from .blocks import DecoderSpec
+from . import lerobot_generation as generations
+from . import lerobot_processors as processors
 from . import openpi
 from .families import pi0 as pi0_family
 from .families import pi05 as pi05_family
@@ -41,15 +42,14 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
 
     ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights that run
     (nearly as large as the weights): less memory, slower matmuls (see ``packed_linear``).
-    ``lerobot_version`` ("0.4.4", "0.5") names the LeRobot that wrote a pi0 / pi0.5 checkpoint
-    (its image padding differs); by default ``vla_policy_node.json`` in the folder says it,
-    else 0.4 is assumed, with a warning.
+    The LeRobot release that wrote a LeRobot checkpoint is recognised from its files
+    (``lerobot_generation``); ``lerobot_version`` ("0.4.4", "0.5"), else ``vla_policy_node.json``
+    in the folder, picks where the files allow several, and must agree with them.
     """
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))
     family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
-    pi = functools.partial(_pi, lerobot_version=lerobot_version)
-    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": pi, "pi05": pi, "openpi": pi}
+    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": _pi, "pi05": _pi, "openpi": _pi}
     if not isinstance(family, str) or family not in builders:
         raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
                                    f"supported: {sorted(builders)}")
@@ -57,40 +57,88 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
     if note:
         log.warning(note)
     policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
-                              pack_weights)
+                              pack_weights, lerobot_version)
     log.info("loaded %s", policy.describe())
     return policy
 
 
 def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
-             seed: int, pack_weights: bool) -> Policy:
+             seed: int, pack_weights: bool, lerobot_version: Optional[str]) -> Policy:
     vlm_name = ckpt.config_value(config, "vlm_model_name", str, "", "config.json")
     vlm_dir = ckpt.inside(folder, vlm_name)
-    if (vlm_dir / "config.json").is_file():
+    vlm_in_checkpoint = (vlm_dir / "config.json").is_file()
+    if vlm_in_checkpoint:
         vlm_cfg = ckpt.read_json(vlm_dir / "config.json")
     elif vlm_name in smolvla.KNOWN_VLMS:
         vlm_cfg = smolvla.KNOWN_VLMS[vlm_name]
     else:
         raise ckpt.CheckpointError(f"SmolVLA backbone config {vlm_name!r} not found at {vlm_dir}/config.json")
-    try:
-        cfg = smolvla.SmolVLAConfig.from_lerobot(config, vlm_cfg)
-    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
-    model = build_model(lambda: smolvla.SmolVLA(cfg, backend), cfg, ckpt.weights_file(folder),
-                        prefix_key_map(smolvla.key_rules()))
     tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
     source = "policy_preprocessor.json tokenizer_processor"
     tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, vlm_name, source)
+    generation = _generation(folder, config, lerobot_version, tok_name,
+                             vlm_cfg if vlm_in_checkpoint else None, f"{vlm_name}/config.json")
+    try:
+        cfg = smolvla.SmolVLAConfig.from_lerobot(
+            config, vlm_cfg, "transformers5" if generation.transformers5 else "transformers4")
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
+    steps = _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    model = build_model(lambda: smolvla.SmolVLA(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(smolvla.key_rules()))
     tokenizer = TextTokenizer(ckpt.tokenizer_file(folder, tok_name))
     state_norm, action_norm = ckpt.lerobot_normalizers(folder)
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
-        tokenizer=tokenizer, prompt=newline_prompt,
+        tokenizer=tokenizer, prompt=newline_prompt if steps.newline else _task_prompt,
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
-        padding_side=_padding_side(tok_cfg, source),
+        padding_side=_padding_side(tok_cfg, source), camera_renames=steps.camera_renames,
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
     return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights)
+                  cfg.num_steps, device, seed, pack_weights, relative_actions=steps.relative,
+                  provenance=generation.describe())
+
+
+def _task_prompt(task: str, state: np.ndarray) -> str:
+    """Build the prompt of a pipeline without a new-line step: the task as given."""
+    return task
+
+
+def _generation(folder: Path, config: dict, override: Optional[str], tokenizer_name: str,
+                vlm_config: Optional[dict] = None, vlm_where: str = "") -> generations.Generation:
+    """Recognise the LeRobot that wrote ``folder`` from its files (and the user's override)."""
+    tok_config, tok_where = None, ""
+    tok_dir = folder / tokenizer_name
+    if not Path(tokenizer_name).is_absolute() and tok_dir.is_dir():
+        tok_path = ckpt.inside(folder, f"{tokenizer_name}/tokenizer_config.json")
+        if tok_path.is_file():
+            tok_config, tok_where = ckpt.read_json(tok_path), f"{tokenizer_name}/tokenizer_config.json"
+    found = generations.markers(
+        config, ckpt.pipeline_steps(folder, processors.PRE), ckpt.pipeline_steps(folder, processors.POST),
+        tok_config, vlm_config, tok_where, vlm_where)
+    if override is not None:
+        text, source = override, "lerobot_version"
+    else:
+        recorded = ckpt.lerobot_version(folder)
+        text = None if recorded is None else ".".join(map(str, recorded))
+        source = ckpt.SETTINGS_FILE
+    version = None if text is None else ckpt.parse_version(text, source)
+    try:
+        generation = generations.recognise(found, version, text, folder)
+    except generations.GenerationError as exc:
+        raise ckpt.CheckpointError(str(exc)) from exc
+    log.info("%s: read as written by %s", folder, generation.describe())
+    return generation
+
+
+def _pipelines(folder: Path, config: dict, action_dim: int, state_dim: int) -> processors.Pipelines:
+    """Every step of the saved pre/post-processors, implemented or refused by name."""
+    try:
+        return processors.read_pipelines(
+            config.get("type", ""), config, ckpt.pipeline_steps(folder, processors.PRE),
+            ckpt.pipeline_steps(folder, processors.POST), action_dim, state_dim)
+    except processors.ProcessorError as exc:
+        raise ckpt.CheckpointError(f"{folder}: {exc}") from exc
 
 
 def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
@@ -99,6 +147,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     tiny_path = ckpt.inside(folder, "tiny_dims.json")
     tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
     openpi_layout = openpi.is_openpi_config(config)
+    generation: Optional[generations.Generation] = None
     if openpi_layout:
         pi05 = bool(config.get("pi05", False))
         openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
@@ -110,29 +159,36 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     else:
         state_norm, action_norm = ckpt.lerobot_normalizers(folder)
         tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    source = "policy_preprocessor.json tokenizer_processor"
+    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
+    if not openpi_layout:
+        generation = _generation(folder, config, lerobot_version, tok_name)
     family = pi05_family if config["type"] == "pi05" else pi0_family
     try:
         cfg = PiConfig.from_checkpoint(config, tiny)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
+    steps = None if openpi_layout else _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
     model_cls = family.Pi05 if family is pi05_family else family.Pi0
     model = build_model(lambda: model_cls(cfg, backend), cfg, ckpt.weights_file(folder),
                         prefix_key_map(family.key_rules()))
-    source = "policy_preprocessor.json tokenizer_processor"
-    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
     if openpi_layout:
         prompt = openpi_prompt
     elif family is pi05_family:
+        pad_bins = not generation.transformers5     # LeRobot >= 0.5 bins only the robot's own state dims
+
         def prompt(task: str, state: np.ndarray) -> str:
-            return pi05_family.pi05_prompt(task, state, cfg.max_state_dim)
-    else:
+            return pi05_family.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
+    elif steps.newline:
         def prompt(task: str, state: np.ndarray) -> str:
             return pi0_family.pi0_prompt(task)
+    else:
+        prompt = _task_prompt
     size = cfg.image_size[0]
     if openpi_layout:
         image_transform = openpi.openpi_image(size)
     else:
-        pad_value = lerobot_image_pad_value(_lerobot_version(folder, lerobot_version))
+        pad_value = lerobot_image_pad_value(generation.version)
 
         def image_transform(img: Tensor) -> Tensor:
             return prepare_image(img, size, pad_value)
@@ -140,11 +196,13 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
         tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, "max_length", source),
-        padding_side=_padding_side(tok_cfg, source),
+        padding_side=_padding_side(tok_cfg, source), camera_renames={} if steps is None else steps.camera_renames,
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
         state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
     return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights)
+                  cfg.num_steps, device, seed, pack_weights,
+                  relative_actions=None if steps is None else steps.relative,
+                  provenance="openpi" if generation is None else generation.describe())
 
 
 def _prompt_settings(tok_cfg: dict, max_length: int, padding: str, source: str) -> dict[str, Any]:
@@ -164,19 +222,6 @@ def _padding_side(tok_cfg: dict, source: str) -> str:
     if side not in PADDING_SIDES:
         raise ckpt.CheckpointError(f"{source}: padding_side must be one of {PADDING_SIDES}, got {side!r:.40}")
     return side
-
-
-def _lerobot_version(folder: Path, override: Optional[str]) -> tuple[int, ...]:
-    """Return the LeRobot version that wrote ``folder``: the override, else ``vla_policy_node.json``, else 0.4."""
-    if override is not None:
-        return ckpt.parse_version(override, "lerobot_version")
-    recorded = ckpt.lerobot_version(folder)
-    if recorded is None:
-        log.warning("%s: no LeRobot version recorded; assuming LeRobot 0.4.x image padding. A checkpoint "
-                    "written by LeRobot >= 0.5 needs %s with {\"lerobot_version\": \"0.5\"} beside it",
-                    folder, ckpt.SETTINGS_FILE)
-        return (0, 4)
-    return recorded
 
 
 def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,

@@ -31,9 +31,16 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def dtype_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs ``dtype`` on this CPU: bfloat16 needs AVX-512 (BF16) or AVX-NE-CONVERT."""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype in PACKED_DTYPES
+
+
 def worth_packing(weight: Tensor) -> bool:
-    """Whether ``pack`` packs this weight on the CPU: a dtype oneDNN takes, and large enough to pay."""
-    return weight.dtype in PACKED_DTYPES and weight.numel() >= MIN_ELEMENTS and available()
+    """Whether ``pack`` packs this weight on the CPU: a dtype oneDNN takes here, and large enough to pay."""
+    return weight.numel() >= MIN_ELEMENTS and available() and dtype_supported(weight.dtype)
 
 
 def pack(weight: Tensor) -> Optional[Tensor]:

@@ -16,6 +16,7 @@ from .chunking import RTCGuidance
 from .flow import VelocityFn
 from .normalization import Normalizer
 from .preprocessing import Preprocessor
+from .relative_actions import RelativeActions
 from .rtc import batch_rtc_guide, rtc_guided_velocity
 from .runtime import PolicyRuntime
 from .shape_buckets import prompt_buckets, with_batch_size, with_prompt_length
@@ -94,8 +95,11 @@ class Policy:
 
     def __init__(self, family: str, model: nn.Module, preprocessor: Preprocessor, action_normalizer: Normalizer,
                  action_dim: int, num_steps: int, device: torch.device, seed: int = 0,
-                 pack_weights: bool = True) -> None:
+                 pack_weights: bool = True, relative_actions: Optional[RelativeActions] = None,
+                 provenance: str = "") -> None:
         self.family = family
+        self.relative_actions = relative_actions             # None: the model predicts absolute actions
+        self.provenance = provenance                         # which framework release wrote the checkpoint, and why
         self.model = fuse_projections(model)                 # fewer matmuls; the weights are final here
         if pack_weights:                                     # faster CPU matmuls, for a second copy of the weights
             pack_linears(self.model)
@@ -129,7 +133,7 @@ class Policy:
         ``rtc`` (real-time chunking) guides the first actions toward the committed
         ones, given in robot units like the output; the prefix is still encoded once.
         """
-        return self._predict(observation, noise, None if rtc is None else self._rtc_guide(rtc))
+        return self._predict(observation, noise, None if rtc is None else self._rtc_guide(rtc, observation))
 
     def _predict(self, observation: Mapping, noise: Optional[np.ndarray],
                  guide: Optional[Callable[[VelocityFn], VelocityFn]]) -> np.ndarray:
@@ -153,6 +157,8 @@ class Policy:
         actions = self.runtime.sample(inputs, x1, guide)
         t2 = time.perf_counter()
         out = self.action_normalizer.unnormalize(actions[..., :self.action_dim].float().cpu().numpy())
+        if self.relative_actions is not None:
+            out = self.relative_actions.to_absolute(out, self._raw_state(observation, b))
         t3 = time.perf_counter()
         self.stats.record("postprocess", t3 - t2)
         self.stats.record("total", t3 - t0)
@@ -174,7 +180,8 @@ class Policy:
         stacked = stack_observations(observations)
         if all(rtc is None for rtc in rtcs):
             return self.predict_action_chunk(stacked, noise)
-        prefixes = [None if rtc is None else self._normalized_prefix(rtc) for rtc in rtcs]
+        prefixes = [None if rtc is None else self._normalized_prefix(rtc, observation)[0]
+                    for rtc, observation in zip(rtcs, observations)]
         model = self.model
 
         def guide(velocity: VelocityFn) -> VelocityFn:
@@ -182,20 +189,35 @@ class Policy:
                 velocity, prefixes, [0 if r is None else r.delay_steps for r in rtcs],
                 [1.0 if r is None else r.max_guidance_weight for r in rtcs],
                 ["paper" if r is None else r.guidance for r in rtcs],
-                model.chunk_size, model.max_action_dim, self.num_steps)
+                model.chunk_size, model.max_action_dim, self.num_steps,
+                [None if r is None else r.execution_horizon for r in rtcs])
         return self._predict(stacked, noise, guide)
 
-    def _normalized_prefix(self, rtc: RTCGuidance) -> np.ndarray:
-        """Check the committed actions (K, action_dim) and map them to the model's action space."""
+    def _raw_state(self, observation: Mapping, batch: int) -> np.ndarray:
+        """(B, state_dim) raw state of an observation the preprocessor has accepted."""
+        return np.asarray(observation["state"], dtype=np.float32).reshape(batch, -1)
+
+    def _normalized_prefix(self, rtc: RTCGuidance, observation: Mapping) -> np.ndarray:
+        """
+        Check the committed actions (K, action_dim) and map them to the model's action space: (B, K', A).
+
+        Relative actions are re-anchored at each item's current raw state first (LeRobot's
+        ``reanchor_relative_rtc_prefix``).
+        """
         prefix = np.asarray(rtc.prefix, dtype=np.float32)
         if prefix.ndim != 2 or prefix.shape[1] != self.action_dim or prefix.shape[0] > self.chunk_size:
             raise ValueError(f"RTC prefix must be (K <= {self.chunk_size}, {self.action_dim}), got {prefix.shape}")
-        return self.action_normalizer.normalize(prefix)
+        if self.relative_actions is None:
+            return self.action_normalizer.normalize(prefix)[None]
+        state = np.asarray(observation["state"], dtype=np.float32)
+        state = state[None] if state.ndim == 1 else state
+        return self.action_normalizer.normalize(self.relative_actions.to_relative(prefix[None], state))
 
-    def _rtc_guide(self, rtc: RTCGuidance) -> Callable[[VelocityFn], VelocityFn]:
-        normalized = self._normalized_prefix(rtc)
+    def _rtc_guide(self, rtc: RTCGuidance, observation: Mapping) -> Callable[[VelocityFn], VelocityFn]:
+        normalized = self._normalized_prefix(rtc, observation)
+        normalized = normalized[0] if len(normalized) == 1 else normalized
         return lambda velocity: rtc_guided_velocity(velocity, normalized, rtc.delay_steps, self.num_steps,
-                                                    rtc.max_guidance_weight, rtc.guidance)
+                                                    rtc.max_guidance_weight, rtc.guidance, rtc.execution_horizon)
 
     def reset(self) -> None:
         """Episode boundary: drop the prefix cache."""

@@ -80,6 +80,7 @@ class Preprocessor:
     state_in_prefix: bool = True            # False: the state is only in the prompt (pi0.5)
     empty_cameras: int = 0                  # extra all-masked cameras after the real ones
     padding_side: str = "right"             # where prompt padding goes (LeRobot's tokenizer step setting)
+    camera_renames: Mapping[str, str] = field(default_factory=dict)   # given feature -> policy feature
     # Where frames are converted and resized: the model's device, so that a GPU policy uploads
     # the uint8 frame (a quarter of the float32 bytes) and resizes it there, not on the CPU.
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -120,6 +121,7 @@ class Preprocessor:
         if not isinstance(images, Mapping):
             raise ValueError("observation['images'] must map camera names to uint8 (H, W, 3) arrays")
         given = {camera_key(k): np.asarray(v) for k, v in images.items()}
+        given = {self.camera_renames.get(k, k): v for k, v in given.items()}
         unknown = sorted(set(given) - set(self.camera_names))
         if unknown:
             raise ValueError(f"unknown cameras {unknown}; the policy expects {list(self.camera_names)}")

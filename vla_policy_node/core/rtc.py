@@ -33,7 +33,9 @@ noisy chunk ``x_t`` gets a gradient; weights and the prefix cache are never writ
 there: the velocity is computed before ``x_t`` joins the graph, so the Jacobian is skipped
 (``g = (A_prev - x0_hat) * W``, no backward pass, no autograd needed); the prefix is
 zero-padded to the whole chunk width, so padded action dims are pulled toward 0; ``W``
-decays linearly (LeRobot's default ``LINEAR`` schedule) instead of exponentially. The
+decays linearly (LeRobot's default ``LINEAR`` schedule) instead of exponentially; only the
+first ``execution_horizon`` committed actions guide (LeRobot's ``RTCConfig.execution_horizon``,
+default 10; the delay is cut to it, as ``get_prefix_weights`` does). The
 paper's guidance stays the default: it is the derivation in Black et al. and it lets the
 guidance reach actions the model couples in time. On LeRobot's own test case (v = 0.5 x,
 x = 1, prefix 0.1, t = 0.5) the guided velocity is 1.8 with ``lerobot`` and 1.475 with
@@ -146,6 +148,17 @@ def _lerobot_guided_velocity(x_t: Tensor, t: float, velocity: Callable[[Tensor],
     return v - guidance_weight(t, max_guidance_weight) * (target - x0_hat) * mask[:, None]
 
 
+def lerobot_horizon(prefix: Tensor | np.ndarray, delay: int, guidance: str, execution_horizon: int | None
+                    ) -> tuple[Tensor | np.ndarray, int]:
+    """Cut the prefix to LeRobot's ``execution_horizon`` (its guidance sees no more), and the delay with it."""
+    if guidance != "lerobot" or execution_horizon is None:
+        return prefix, delay
+    if execution_horizon < 1:
+        raise ValueError(f"execution_horizon must be >= 1, got {execution_horizon}")
+    prefix = prefix[..., :execution_horizon, :]
+    return prefix, min(delay, prefix.shape[-2])
+
+
 def rtc_guided_velocity(
     velocity_fn: VelocityFn,
     prefix: Tensor | np.ndarray,
@@ -153,6 +166,7 @@ def rtc_guided_velocity(
     num_steps: int,
     max_guidance_weight: float = 10.0,
     guidance: str = "paper",
+    execution_horizon: int | None = None,
 ) -> VelocityFn:
     """
     Wrap ``velocity_fn`` for the Euler loop so every step is RTC-guided.
@@ -161,8 +175,10 @@ def rtc_guided_velocity(
     Plugs into ``PolicyRuntime.sample(guide=lambda v: rtc_guided_velocity(v, ...))``.
     prefix: (K, A_p) committed actions, normalized like the model's actions;
     delay: inference delay in control steps (``0 <= delay <= K``);
-    guidance: ``paper`` (vector-Jacobian product) or ``lerobot`` (see module docstring).
+    guidance: ``paper`` (vector-Jacobian product) or ``lerobot`` (see module docstring);
+    execution_horizon: with ``lerobot``, the committed actions that guide (None: all).
     """
+    prefix, delay = lerobot_horizon(prefix, delay, guidance, execution_horizon)
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     overlap = np.shape(prefix)[-2]
@@ -234,23 +250,27 @@ def batch_rtc_guide(
     horizon: int,
     action_dim: int,
     num_steps: int,
+    execution_horizons: list[int | None] | None = None,
 ) -> VelocityFn:
     """
     Wrap ``velocity_fn`` so item ``b`` is guided by ``prefixes[b]`` (K_b, A_p), or not at all (None).
 
     The batched form of :func:`rtc_guided_velocity` for a server that denoises several robots'
-    chunks in one loop; prefixes are normalized like the model's actions.
+    chunks in one loop; prefixes are normalized like the model's actions. ``execution_horizons``
+    (one per item, None: all) cut LeRobot-guided prefixes as :func:`rtc_guided_velocity` does.
     """
     batch = len(prefixes)
+    horizons = execution_horizons or [None] * batch
     if not len(delays) == len(betas) == len(guidances) == batch:
         raise ValueError("prefixes, delays, betas and guidances must have one entry per batch item")
     targets = np.zeros((batch, horizon, action_dim), np.float32)
     weights = np.zeros((batch, horizon, action_dim), np.float32)
-    for b, (prefix, delay, guidance) in enumerate(zip(prefixes, delays, guidances)):
+    for b, (prefix, delay, guidance, execution_horizon) in enumerate(zip(prefixes, delays, guidances, horizons)):
         if guidance not in RTC_GUIDANCE:
             raise ValueError(f"guidance must be one of {RTC_GUIDANCE}, got {guidance!r}")
         if prefix is None or len(prefix) == 0:
             continue
+        prefix, delay = lerobot_horizon(prefix, delay, guidance, execution_horizon)
         overlap, prefix_dim = prefix.shape
         if prefix_dim > action_dim:
             raise ValueError(f"prefix has {prefix_dim} action dims, the chunk only {action_dim}")

@@ -147,7 +147,8 @@ def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig
         control_rate_hz=settings.control_rate_hz, horizon=chunking.horizon or chunk_size,
         refill_threshold=chunking.refill_threshold, blend=chunking.blend,
         blend_weight=chunking.blend_weight, ensemble_decay=chunking.ensemble_decay,
-        rtc_max_guidance_weight=chunking.rtc_max_guidance_weight, rtc_guidance=chunking.rtc_guidance)
+        rtc_max_guidance_weight=chunking.rtc_max_guidance_weight, rtc_guidance=chunking.rtc_guidance,
+        execution_horizon=chunking.execution_horizon)
 
 
 class PolicyWiring:

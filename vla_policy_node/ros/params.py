@@ -202,6 +202,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('chunking.rtc_guidance', 'paper', 'Real-time chunking guidance for blend=rtc: '
               'paper (vector-Jacobian product) or lerobot (LeRobot\'s RTCProcessor: no Jacobian, '
               'linear prefix weights, padded action dims pulled to 0).', choices=RTC_GUIDANCE),
+    ParamSpec('chunking.execution_horizon', 10, 'With rtc_guidance lerobot: how many of the committed '
+              'actions guide the new chunk (LeRobot\'s rtc_config.execution_horizon, default 10); the '
+              'paper\'s guidance uses all of them.', bounds=(1, 1024)),
     ParamSpec('max_observation_age', 0.5, 'Seconds after which an input counts as stale; no '
               'command is computed or sent from stale inputs.', read_only=False,
               bounds=(0.01, 10.0)),
@@ -281,6 +284,7 @@ class ChunkingSettings:
     ensemble_decay: float
     rtc_max_guidance_weight: float
     rtc_guidance: str
+    execution_horizon: int = 10
 
 
 @dataclass(frozen=True)
@@ -476,7 +480,8 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             blend_weight=values['chunking.blend_weight'],
             ensemble_decay=values['chunking.ensemble_decay'],
             rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight'],
-            rtc_guidance=values['chunking.rtc_guidance']),
+            rtc_guidance=values['chunking.rtc_guidance'],
+            execution_horizon=values['chunking.execution_horizon']),
         max_observation_age=values['max_observation_age'],
         max_action_age=values['max_action_age'],
         use_header_stamps=values['use_header_stamps'],

@@ -159,7 +159,7 @@ def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str
         prefix = np.ascontiguousarray(rtc.prefix, dtype='<f8')
         meta['rtc'] = {'shape': list(prefix.shape), 'delay_steps': int(rtc.delay_steps),
                        'max_guidance_weight': float(rtc.max_guidance_weight),
-                       'guidance': rtc.guidance}
+                       'guidance': rtc.guidance, 'execution_horizon': rtc.execution_horizon}
         segments.append(('rtc_prefix', prefix.tobytes()))
     return _pack(meta, segments)
 
@@ -249,8 +249,11 @@ def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
     if guidance not in RTC_GUIDANCE or weight <= 0 or not np.isfinite(prefix).all():
         raise ProtocolError(f'meta.rtc: guidance one of {RTC_GUIDANCE}, max_guidance_weight > 0 '
                             'and a finite prefix are required')
+    horizon = spec.get('execution_horizon')
+    if horizon is not None and not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 1):
+        raise ProtocolError('meta.rtc.execution_horizon must be null or an integer >= 1')
     prefix.setflags(write=False)
-    return RTCGuidance(prefix, delay, weight, guidance)
+    return RTCGuidance(prefix, delay, weight, guidance, horizon)
 
 
 # ---------------------------------------------------------------------- answers

@@ -4,6 +4,8 @@ vla-policy-train: train the shipped table-top policy from scripted demonstration
 
     vla-policy-train --output /tmp/touch_policy            # the shipped policy: about 14 minutes on 2 cores
     vla-policy-train --output /tmp/quick --steps 200 --episodes 100   # a smoke run
+    vla-policy-train --output /tmp/p06 --lerobot-version 0.6          # for LeRobot 0.6.x
+    vla-policy-train --export-from vla_policy_node/sim/touch_policy --output /tmp/touch06 --lerobot-version 0.6
 
 The network is the runtime's own SmolVLA at a small size (a 2-layer ViT, a 4-layer
 text model, a 4-layer action expert), trained from scratch with LeRobot's flow-matching
@@ -11,6 +13,11 @@ loss and AdamW, seeded. Batches go through the same ``Preprocessor`` the loaded
 checkpoint uses at inference. The result is a LeRobot-layout checkpoint, a loss curve
 PNG and a summary with the success rate of closed-loop episodes on unseen layouts,
 run through ``load_policy`` on the saved files.
+
+The checkpoint loads in LeRobot itself, of one generation: ``--lerobot-version 0.4`` (the
+default; LeRobot 0.4.x, transformers 4.57) or ``0.6`` (LeRobot 0.6.x, transformers 5), see
+``export``. ``--export-from DIR`` converts a saved checkpoint (the shipped one, or an export
+for the other generation) without training; the actions stay the same.
 """
 
 from __future__ import annotations
@@ -26,14 +33,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..core.checkpoint import lerobot_normalizers
-from ..core.families import smolvla
 from ..core.families.smolvla import SmolVLA, SmolVLAConfig
 from ..core.loading import init_weights, load_policy
 from ..core.normalization import Normalizer
 from ..core.preprocessing import Preprocessor, newline_prompt, smolvla_image
 from ..core.tokenizer import TextTokenizer
-from ..core.weights import load_weights, prefix_key_map
 from ..sim.env import CAMERA_NAME, TouchEnv
 from ..sim.rollout import evaluate, policy_chunk_fn, success_rate
 from ..sim.task import COLOURS
@@ -125,9 +129,12 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker = Worker()) -> dict:
+def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker = Worker(),
+          lerobot_version: str = export.DEFAULT_LEROBOT_VERSION) -> dict:
     """
-    Collect demonstrations, train, save the checkpoint and evaluate it; returns the summary.
+    Collect demonstrations, train, save the checkpoint (for LeRobot ``lerobot_version``) and evaluate it.
+
+    Returns the summary.
 
     With several workers each one runs this, on the same demonstrations (same seed) with its
     own batches and noise; rank 0 alone writes files and returns the summary (the others {}).
@@ -146,16 +153,17 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
     model = SmolVLA(model_cfg)
     if cfg.init_from:
         # Continue a run: its weights, and its statistics (the weights were trained against them).
-        state_norm, action_norm = lerobot_normalizers(Path(cfg.init_from).resolve())
-        state_stats, action_stats = dict(state_norm.stats), dict(action_norm.stats)
-        load_weights(model, Path(cfg.init_from) / "model.safetensors", prefix_key_map(smolvla.key_rules()))
+        # An export of either generation is read back into the training layout (4.57 position ids).
+        saved = export.read_checkpoint(Path(cfg.init_from))
+        state_stats, action_stats = saved.state_stats, saved.action_stats
+        export.copy_trained_weights(saved, model)
     else:
         state_stats, action_stats = mean_std(demos.states), mean_std(demos.actions)
         init_weights(model, torch.Generator().manual_seed(cfg.seed))
     data_parallel.broadcast_parameters(model, worker)
     # The checkpoint's files exist from the start: the tokenizer is read back as inference reads it.
     if worker.leader:
-        export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
+        export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats, lerobot_version)
     data_parallel.synchronise(worker)
     preprocessor = Preprocessor(
         camera_names=model_cfg.camera_names, image_size=model_cfg.image_size,
@@ -168,7 +176,7 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
     losses = optimise(cfg, model, preprocessor, action_norm, demos, progress, worker)
     if not worker.leader:
         return {}
-    export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats)
+    export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats, lerobot_version)
     train_seconds = time.monotonic() - started
     policy = load_policy(output, device="cpu")
     results = evaluate(env, policy_chunk_fn(policy), cfg.eval_episodes, cfg.seed + EVAL_SEED_OFFSET,
@@ -250,7 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (with --workers 1)")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="continue from this checkpoint (its weights and normalization statistics)")
+    parser.add_argument("--lerobot-version", choices=export.LEROBOT_VERSIONS, default=export.DEFAULT_LEROBOT_VERSION,
+                        help="the LeRobot generation the checkpoint is written for: 0.4 (LeRobot 0.4.x, "
+                             "transformers 4.57) or 0.6 (LeRobot 0.6.x, transformers 5); default %(default)s")
+    parser.add_argument("--export-from", type=Path, default=None, metavar="DIR",
+                        help="do not train: write the checkpoint in DIR (e.g. an export for the other LeRobot "
+                             "generation) to --output for --lerobot-version; --output may be DIR itself")
     args = parser.parse_args(argv)
+    if args.export_from is not None:
+        return export_only(args.export_from, args.output, args.lerobot_version)
     try:
         cfg = TrainConfig(seed=args.seed, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
                           lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps),
@@ -259,18 +275,39 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     if cfg.workers > 1:
-        data_parallel.run(_train_worker, cfg.workers, cfg, args.output)
+        data_parallel.run(_train_worker, cfg.workers, cfg, args.output, args.lerobot_version)
         summary = json.loads((args.output / "train_summary.json").read_text())
     else:
         torch.set_num_threads(args.threads)
-        summary = train(cfg, args.output)
+        summary = train(cfg, args.output, lerobot_version=args.lerobot_version)
     print(json.dumps(summary, indent=2))
     print(f"checkpoint: {args.output}  loss curve: {args.output / 'loss_curve.png'}")
     return 0
 
 
-def _train_worker(worker: Worker, cfg: TrainConfig, output: Path) -> None:
-    train(cfg, output, worker=worker)
+def _train_worker(worker: Worker, cfg: TrainConfig, output: Path,
+                  lerobot_version: str = export.DEFAULT_LEROBOT_VERSION) -> None:
+    train(cfg, output, worker=worker, lerobot_version=lerobot_version)
+
+
+def export_only(source: Path, output: Path, lerobot_version: str) -> int:
+    """``--export-from``: re-export a checkpoint for ``lerobot_version``; it must act as the source did."""
+    saved = export.read_checkpoint(source)
+    obs = export.sample_observation(saved.config, seed=0)
+    cfg = saved.model.config
+    noise = np.random.default_rng(1).standard_normal((1, cfg.chunk_size, cfg.max_action_dim)).astype(np.float32)
+    before = load_policy(source, device="cpu").predict_action_chunk(obs, noise=noise)
+    export.save_checkpoint(output, saved.model, saved.config, saved.vlm_config, saved.tokenizer, saved.state_stats,
+                           saved.action_stats, lerobot_version, saved.settings)
+    after = load_policy(output, device="cpu").predict_action_chunk(obs, noise=noise)
+    difference = float(np.abs(after - before).max())
+    print(f"exported {source} ({saved.generation.describe()}) for LeRobot {lerobot_version} "
+          f"({export.CHECKED_WITH[lerobot_version]}) to {output}; max |action difference| through "
+          f"load_policy: {difference:.2e}")
+    if not difference <= 1e-5:
+        print("error: the exported checkpoint does not act as the source did")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,25 +31,26 @@ Pi05Config = PiConfig
 STATE_BINS = 256
 
 
-def discretize_state(normalized_state: np.ndarray, max_state_dim: int) -> np.ndarray:
+def discretize_state(normalized_state: np.ndarray, max_state_dim: int, pad: bool = True) -> np.ndarray:
     """
-    (D,) normalized state -> (max_state_dim,) int bins: zero-pad, then 256 equal bins over [-1, 1].
+    (D,) normalized state -> int bins: 256 equal bins over [-1, 1].
 
     ``np.digitize`` over the 256 left bin edges, as LeRobot: values below -1 give -1, values
-    >= 1 - 2/256 give 255; the zero padding lands in bin 128.
+    >= 1 - 2/256 give 255. ``pad`` (LeRobot 0.4.x) zero-pads to ``max_state_dim`` first, the
+    padding landing in bin 128; LeRobot >= 0.5 bins only the robot's own D values.
     """
     state = np.asarray(normalized_state, dtype=np.float32).reshape(-1)
     if state.size > max_state_dim:
         raise ValueError(f"state has {state.size} entries, more than max_state_dim {max_state_dim}")
-    padded = np.zeros(max_state_dim, dtype=np.float32)
+    padded = np.zeros(max_state_dim if pad else state.size, dtype=np.float32)
     padded[:state.size] = state
     return np.digitize(padded, np.linspace(-1.0, 1.0, STATE_BINS + 1)[:-1]) - 1
 
 
-def pi05_prompt(task: str, normalized_state: np.ndarray, max_state_dim: int) -> str:
+def pi05_prompt(task: str, normalized_state: np.ndarray, max_state_dim: int, pad: bool = True) -> str:
     """Build the text pi0.5 tokenizes (LeRobot's ``Pi05PrepareStateTokenizerProcessorStep``)."""
     cleaned = task.strip().replace("_", " ").replace("\n", " ")
-    bins = " ".join(str(int(b)) for b in discretize_state(normalized_state, max_state_dim))
+    bins = " ".join(str(int(b)) for b in discretize_state(normalized_state, max_state_dim, pad))
     return f"Task: {cleaned}, State: {bins};\nAction: "
 
 

@@ -77,10 +77,13 @@ class SmolVLAConfig:
     camera_names: tuple[str, ...] = ()
     state_dim: int = 0
     action_dim: int = 0
+    vision_positions: str = "transformers4"   # SmolVLM position ids of the generation that trained it
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_flow_config(self)
+        if self.vision_positions not in VISION_POSITIONS:
+            raise ValueError(f"vision_positions must be one of {VISION_POSITIONS}, got {self.vision_positions!r}")
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"resize_imgs_with_padding must be two positive sizes, got {self.image_size}")
         if self.attention_mode not in ("cross_attn", "self_attn"):
@@ -97,6 +100,19 @@ class SmolVLAConfig:
             raise ValueError(f"state dim {self.state_dim} must be in 1..max_state_dim={self.max_state_dim}")
         if not 0 < self.action_dim <= self.max_action_dim:
             raise ValueError(f"action dim {self.action_dim} must be in 1..max_action_dim={self.max_action_dim}")
+        every = self.text.num_layers // self.expert.num_layers
+        n = self.self_attn_every_n_layers
+        # LeRobot shapes expert layer e's k/v for cross-attention unless e % n == 0, but picks the
+        # attention of VLM layer e * every by (e * every) % n: where they disagree it cannot run the
+        # layer. Both repeat with period n, so n expert layers cover every case.
+        if self.attention_mode == "cross_attn" and every > 1 and n > 0:
+            for e in range(min(self.expert.num_layers, n, 4096)):
+                if (e % n == 0) != (e * every % n == 0):
+                    raise ValueError(
+                        f"with {self.text.num_layers} VLM layers, {self.expert.num_layers} expert layers and "
+                        f"self_attn_every_n_layers {n}, LeRobot builds expert layer {e} for "
+                        f"{'self' if e % n == 0 else 'cross'}-attention but runs it as the other (LeRobot "
+                        "cannot run this configuration either)")
         side = self.vision.image_size // self.vision.patch_size
         if side % self.scale_factor:
             raise ValueError(f"{side} patches per side do not divide by scale_factor {self.scale_factor}")
@@ -106,8 +122,8 @@ class SmolVLAConfig:
         return self.vision.num_patches // self.scale_factor ** 2
 
     @classmethod
-    def from_lerobot(cls, cfg: dict, vlm_cfg: dict) -> "SmolVLAConfig":
-        """From LeRobot's policy ``config.json`` and the SmolVLM ``config.json`` it names."""
+    def from_lerobot(cls, cfg: dict, vlm_cfg: dict, vision_positions: str = "transformers4") -> "SmolVLAConfig":
+        """From LeRobot's policy ``config.json``, the SmolVLM ``config.json`` it names, and the generation's ids."""
         if cfg.get("add_image_special_tokens"):
             raise ValueError("SmolVLA checkpoints with add_image_special_tokens=true are not supported")
         text, vis = vlm_cfg["text_config"], vlm_cfg["vision_config"]
@@ -152,6 +168,7 @@ class SmolVLAConfig:
             camera_names=cameras,
             state_dim=int(state[0]),
             action_dim=int(action[0]),
+            vision_positions=vision_positions,
         )
 
     def is_self_attn_layer(self, layer_idx: int) -> bool:
@@ -170,21 +187,47 @@ def pixel_shuffle(x: Tensor, scale: int) -> Tensor:
     return x.permute(0, 2, 1, 3).reshape(b, n // scale ** 2, c * scale * scale)
 
 
-def smolvlm_position_ids(num_patches_per_side: int) -> Tensor:
-    """
-    Vision position ids exactly as SmolVLM (transformers 4.57) computes them.
+VISION_POSITIONS = ("transformers4", "transformers5")
 
-    The fractional coordinates are shrunk by (1 - 1e-6) before ``bucketize``, so
-    the first two rows share bucket 0 and the last is never used; checkpoints
-    were trained this way, and a plain ``arange`` is off by ~1e-1 in the actions.
+
+def smolvlm_position_ids(num_patches_per_side: int, table: str = "transformers4") -> Tensor:
     """
+    Vision position ids (n * n,) exactly as SmolVLM computes them, per transformers generation.
+
+    ``transformers4`` (4.57, LeRobot 0.4.x): the fractional coordinates are shrunk by
+    (1 - 1e-6) before ``bucketize``, so the first two rows share bucket 0 and the last is
+    never used: ``[0, 0, 1, 2, ...]``. ``transformers5`` (LeRobot >= 0.5): ``i * (1 / n)``,
+    clamped below 1, gives ``[0, 1, 2, ...]``. A checkpoint was trained with one of them, and
+    the other is off by ~1e-1 in the actions.
+    """
+    if table not in VISION_POSITIONS:
+        raise ValueError(f"vision position table must be one of {VISION_POSITIONS}, got {table!r}")
     n = num_patches_per_side
     # A constant table, always made on the CPU (a float arange on the meta device of
     # ``weights.build_model`` would run torch's reference kernel, which imports torch._dynamo).
     boundaries = torch.arange(1 / n, 1.0, 1 / n, dtype=torch.float32, device="cpu")
-    coords = torch.arange(n, dtype=torch.float32, device="cpu") / n * (1 - 1e-6)
+    index = torch.arange(n, dtype=torch.float32, device="cpu")
+    if table == "transformers4":
+        coords = index / n * (1 - 1e-6)
+    else:
+        step = 1.0 / torch.tensor(n, device="cpu")
+        coords = torch.clamp(index * step, max=1.0 - 1e-6)
     buckets = torch.bucketize(coords, boundaries, right=True)
     return (buckets[:, None] * n + buckets[None, :]).flatten()
+
+
+def position_table_for(table: str, embedding: Tensor, num_patches_per_side: int) -> Tensor:
+    """
+    Re-index a vision position embedding (n * n, D) trained with ``transformers4`` ids for ``table``.
+
+    Every ``transformers5`` id is used once, so the rows the 4.x ids picked can be laid out for
+    5.x exactly: the same network then gives the same actions under either generation.
+    """
+    old = smolvlm_position_ids(num_patches_per_side, "transformers4")
+    new = smolvlm_position_ids(num_patches_per_side, table)
+    out = embedding.clone()
+    out[new] = embedding[old]
+    return out
 
 
 class Connector(nn.Module):
@@ -229,7 +272,7 @@ class SmolVLA(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * c.expert.width, c.expert.width)
         self.action_time_mlp_out = nn.Linear(c.expert.width, c.expert.width)
         side = c.vision.image_size // c.vision.patch_size
-        self.register_buffer("vision_position_ids", smolvlm_position_ids(side), persistent=False)
+        self.register_buffer("vision_position_ids", smolvlm_position_ids(side, c.vision_positions), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
