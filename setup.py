@@ -42,9 +42,9 @@ setup(
         'console_scripts': [
             *(f'{name} = {entry}' for name, entry in EXECUTABLES.items()),
             'vla-policy-bench = vla_policy_node.bench.cli:main',
-            'vla-policy-replay = vla_policy_node.bench.replay:main',
+            'vla-policy-replay = vla_policy_node.replay.cli:main',
             'vla-policy-train = vla_policy_node.train.cli:main',
-            'vla-policy-sim-eval = vla_policy_node.ros.sim_eval:main',
+            'vla-policy-sim-eval = vla_policy_node.ros.sim.evaluation:main',
         ],
     },
 )

@@ -13,6 +13,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# Tests live in folders by layer; a few share constants across them (test_replay reads the robot-fit
+# settings of test_node_robot_fit), so every folder is importable whichever runs first.
+sys.path[1:1] = [str(p) for p in sorted(Path(__file__).resolve().parent.iterdir())
+                 if p.is_dir() and p.name not in ("fixtures", "__pycache__")]
 REFERENCE = Path(os.environ.get("VLA_REFERENCE_DIR", REPO.parent / "shared" / "reference"))
 
 torch.set_num_threads(1)
@@ -56,7 +60,7 @@ def project_logs_reach_caplog():
 
 class SimulatedTime:
     """
-    The ``time`` of ``core/policy.py`` in tests of the warm-up races: a chunk takes what the test says.
+    The ``time`` of ``runtime/policy.py`` in tests of the warm-up races: a chunk takes what the test says.
 
     The races time real chunks; on a busy machine (another test compiling on the other core) a
     real chunk can take longer than the margin a test gives, so those tests time by this clock,
@@ -76,7 +80,7 @@ class SimulatedTime:
 @pytest.fixture
 def simulated_time(monkeypatch) -> SimulatedTime:
     """Replace the clock the policy's warm-up races read by a ``SimulatedTime``."""
-    from vla_policy_node.core import policy
+    from vla_policy_node.runtime import policy
 
     clock = SimulatedTime()
     monkeypatch.setattr(policy, "time", clock)
@@ -96,7 +100,7 @@ def reference_dir():
 
 def fixture_model_inputs(folder: Path, with_state: bool = True):
     """Return the fixture's tensors as fed to the network (``model_input.*``) and all its inputs."""
-    from vla_policy_node.core.types import ModelInputs
+    from vla_policy_node.model.types import ModelInputs
     inp = load_file(folder / "inputs.safetensors")
     n = sum(k.startswith("model_input.image.") for k in inp)
     return ModelInputs(images=[inp[f"model_input.image.{i}"] for i in range(n)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vla_policy_node.core.inference import InferenceResult
+from vla_policy_node.control.inference import InferenceResult
 
 
 class ScriptedInference:

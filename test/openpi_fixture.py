@@ -21,10 +21,10 @@ import numpy as np
 from safetensors.torch import save_file
 import torch
 
-from vla_policy_node.core.families.paligemma import PiConfig, backbone_key_rules
-from vla_policy_node.core.families.pi05 import Pi05
-from vla_policy_node.core.loading import init_weights
-from vla_policy_node.core.openpi import lerobot_style_config
+from vla_policy_node.model.families.paligemma import PiConfig, backbone_key_rules
+from vla_policy_node.model.families.pi05 import Pi05
+from vla_policy_node.loading.load import init_weights
+from vla_policy_node.loading.openpi import lerobot_style_config
 
 STATE_DIM, ACTION_DIM, IMAGE_SIZE, MAX_TOKEN_LEN = 8, 7, 28, 64
 TINY_DIMS = {

@@ -7,10 +7,10 @@ from conftest import fixture_model_inputs, max_diff
 from safetensors.torch import load_file
 import torch
 
-from vla_policy_node.core.families.paligemma import PiConfig
-from vla_policy_node.core.flow import euler_integrate
-from vla_policy_node.core.runtime import PolicyRuntime
-from vla_policy_node.core.weights import load_weights, prefix_key_map
+from vla_policy_node.model.families.paligemma import PiConfig
+from vla_policy_node.model.flow import euler_integrate
+from vla_policy_node.runtime.engine import PolicyRuntime
+from vla_policy_node.loading.weights import load_weights, prefix_key_map
 
 TOL = 1e-4
 CPU = torch.device("cpu")

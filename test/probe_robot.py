@@ -25,13 +25,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.ros.conversions import rgb_to_image
-from vla_policy_node.ros.qos import (
-    CAMERA_QOS,
-    COMMAND_QOS,
-    INSTRUCTION_QOS,
-    INSTRUCTION_VOLATILE_QOS,
-    JOINT_STATES_QOS,
-)
+from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS
 
 
 def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from test_node_worker import ScriptedPolicy
+from scripted_policy import ScriptedPolicy
 import torch
 
 from vla_policy_node.ros import lifecycle_node, node

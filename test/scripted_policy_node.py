@@ -9,7 +9,7 @@ the installed node's code: parameters, signal handlers, hold, shutdown order.
 
 import sys
 
-from test_node_worker import ScriptedPolicy
+from scripted_policy import ScriptedPolicy
 
 from vla_policy_node.ros import node
 

@@ -23,7 +23,7 @@ EXECUTABLES = {
     'vla_policy_node': f'{PACKAGE}.ros.entry:main',
     'vla_policy_lifecycle_node': f'{PACKAGE}.ros.entry:lifecycle_main',
     'vla_policy_server': f'{PACKAGE}.ros.entry:server_main',
-    'vla_policy_sim_robot': f'{PACKAGE}.ros.sim_robot:main',
+    'vla_policy_sim_robot': f'{PACKAGE}.ros.sim.robot:main',
 }
 INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', PACKAGE)
 SHARED = ('launch', 'config', 'package.xml')

@@ -38,9 +38,9 @@ from safetensors.numpy import load_file, save_file
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from vla_policy_node.core.families.smolvla import SmolVLA, SmolVLAConfig  # noqa: E402
-from vla_policy_node.core.loading import init_weights  # noqa: E402
-from vla_policy_node.models import load_policy  # noqa: E402
+from vla_policy_node.model.families.smolvla import SmolVLA, SmolVLAConfig  # noqa: E402
+from vla_policy_node.loading.load import init_weights  # noqa: E402
+from vla_policy_node.loading import load_policy  # noqa: E402
 from vla_policy_node.sim import SHIPPED_CHECKPOINT  # noqa: E402
 from vla_policy_node.train import export  # noqa: E402
 

@@ -34,14 +34,14 @@ from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 from torch import nn
 
-from vla_policy_node.core import packed_linear
-from vla_policy_node.core.blocks import fuse_projections, packing_targets
-from vla_policy_node.core.families import pi0 as pi0_family
-from vla_policy_node.core.families import smolvla
-from vla_policy_node.core.families.paligemma import PiConfig
-from vla_policy_node.core.loading import init_weights
-from vla_policy_node.core.precision import keep_float32
-from vla_policy_node.core.weights import prefix_key_map
+from vla_policy_node.model import packed_linear
+from vla_policy_node.model.blocks import fuse_projections, packing_targets
+from vla_policy_node.model.families import pi0 as pi0_family
+from vla_policy_node.model.families import smolvla
+from vla_policy_node.model.families.paligemma import PiConfig
+from vla_policy_node.loading.load import init_weights
+from vla_policy_node.model.precision import keep_float32
+from vla_policy_node.loading.weights import prefix_key_map
 
 VLM_DIR = "vlm"
 TOKENIZER_DIR = "tokenizer"
@@ -487,9 +487,9 @@ class MemoryEstimate:
     """Bytes a bench configuration needs, phase by phase (see ``memory_estimate``)."""
 
     save: int            # writing the random checkpoint (one copy in the file's dtype, plus what is serialized)
-    load: int            # load_policy: the model is built in float32 first, then cast (core/loading.py)
+    load: int            # load_policy: the model is built in float32 first, then cast (loading/load.py)
     weights: int         # parameters at run time, float32 islands included
-    packed: int          # oneDNN-packed copies of the CPU linears (core/packed_linear.py)
+    packed: int          # oneDNN-packed copies of the CPU linears (model/packed_linear.py)
     working: int = WORKING_BYTES
     device: str = "cpu"
 

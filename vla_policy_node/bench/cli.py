@@ -43,12 +43,12 @@ from safetensors.torch import load_file, save_file
 from torch.overrides import TorchFunctionMode
 
 from vla_policy_node.bench import checkpoints
-from vla_policy_node.core.blocks import packing_targets
-from vla_policy_node.core.checkpoint import CheckpointError, read_safetensors_header
-from vla_policy_node.core.policy import Policy
-from vla_policy_node.core.prefix_cache import VLAPrefixCache
-from vla_policy_node.core.types import ModelInputs
-from vla_policy_node.models import load_policy
+from vla_policy_node.model.blocks import packing_targets
+from vla_policy_node.loading.checkpoint import CheckpointError, read_safetensors_header
+from vla_policy_node.runtime.policy import Policy
+from vla_policy_node.model.prefix_cache import VLAPrefixCache
+from vla_policy_node.model.types import ModelInputs
+from vla_policy_node.loading import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 # LeRobot's own environment (``make lerobot-env``); VLA_BENCH_LEROBOT_PYTHON points at another one.

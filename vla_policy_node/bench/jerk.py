@@ -8,7 +8,7 @@ smooths it. The simulated policy is an exact flow-matching sampler for a Gaussia
 action distribution: mean = a smooth reference trajectory from the request step on,
 covariance = smooth per-chunk offset/drift/curvature. It samples in normalized action
 space (reference mean 0, std 1 per joint) like a VLA, so it can be RTC-guided with
-``core.rtc`` (the committed prefix normalized first, as the policy must do). Being
+``model.rtc`` (the committed prefix normalized first, as the policy must do). Being
 an exact posterior, its Jacobian is that of a calibrated, confident model, so the
 guidance pulls weakly when chunks disagree little (see the spread table). The
 control loop runs on a simulated clock with latency jitter and timer jitter; the
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla_policy_node.core.chunking import ChunkRequest, ChunkScheduler, SchedulerConfig
-from vla_policy_node.core.rtc import rtc_guided_velocity
+from vla_policy_node.control.chunking import ChunkRequest, ChunkScheduler, SchedulerConfig
+from vla_policy_node.model.rtc import rtc_guided_velocity
 
 
 @dataclass(frozen=True)

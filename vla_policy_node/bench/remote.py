@@ -69,7 +69,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     from std_msgs.msg import UInt8MultiArray
 
     from vla_policy_node.ros.qos import REMOTE_FLEET_QOS
-    from vla_policy_node.ros.remote_protocol import decode_chunk, encode_request, RequestKey
+    from vla_policy_node.ros.server.protocol import decode_chunk, encode_request, RequestKey
 
     work = Path(tempfile.mkdtemp(prefix='vla-bench-remote-'))
     params = work / 'server.yaml'
@@ -159,7 +159,7 @@ LOCAL_WORKER = '''
 import json, sys, time
 import torch
 from vla_policy_node.bench.remote import observation
-from vla_policy_node.core.loading import build_tiny_policy
+from vla_policy_node.loading.load import build_tiny_policy
 index, threads, seconds, h, w, start = sys.argv[1:7]
 torch.set_num_threads(int(threads))
 policy = build_tiny_policy(camera_names=("observation.images.front", "observation.images.wrist"),
@@ -202,8 +202,8 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
     """Time one batched prefix pass + denoising loop per batch size, in this process (and built, paired)."""
     import torch
 
-    from vla_policy_node.core.loading import build_tiny_policy, load_policy
-    from vla_policy_node.core.shape_buckets import batch_buckets, smallest_holding
+    from vla_policy_node.loading.load import build_tiny_policy, load_policy
+    from vla_policy_node.runtime.shape_buckets import batch_buckets, smallest_holding
 
     torch.set_num_threads(threads)
     if config == 'tiny':

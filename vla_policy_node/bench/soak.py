@@ -2,9 +2,9 @@
 """
 Soak test: 10,000 real-time control steps of the tiny policy against a simulated robot.
 
-It runs the node's control loop without ROS: ``core.control_loop.ControlLoop`` (input health,
+It runs the node's control loop without ROS: ``control.loop.ControlLoop`` (input health,
 chunk scheduling, holds, the clamp and the one exit for commands) with the policy on its
-inference thread (``core.inference.InferenceWorker``), against a first-order robot that
+inference thread (``control.inference.InferenceWorker``), against a first-order robot that
 renders synthetic camera frames. The loop ticks on the wall clock at ``--rate-hz`` (default:
 the node's maximum, 1000 Hz); episodes end every few hundred steps (sometimes with a burst of
 resets), each with a new instruction.
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vla_policy_node.core.chunking import SchedulerConfig
-from vla_policy_node.core.control_loop import ControlLoop, LoopSettings
-from vla_policy_node.core.inference import InferenceWorker
-from vla_policy_node.core.prefix_cache import VLAPrefixCache
-from vla_policy_node.core.safety import MotionLimits
-from vla_policy_node.models import Policy, build_tiny_policy
+from vla_policy_node.control.chunking import SchedulerConfig
+from vla_policy_node.control.loop import ControlLoop, LoopSettings
+from vla_policy_node.control.inference import InferenceWorker
+from vla_policy_node.model.prefix_cache import VLAPrefixCache
+from vla_policy_node.control.safety import MotionLimits
+from vla_policy_node.loading import Policy, build_tiny_policy
 
 CAMERAS = ("front", "wrist")
 TASKS = ("pick up the red cube", "open the drawer", "stack the blocks", "wave")

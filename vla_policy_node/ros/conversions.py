@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-ROS messages <-> numpy: camera images, instructions and joint commands (joint states: core.observations).
+ROS messages <-> numpy: camera images, instructions and joint commands (joint states: control.observations).
 
 Everything that crosses the ROS boundary is checked here, and every rejection raises
 :class:`ConversionError` with a message a person can act on (the node logs it, rate-limited,

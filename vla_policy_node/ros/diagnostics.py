@@ -3,7 +3,7 @@
 Node status -> ``diagnostic_msgs/DiagnosticArray`` for /diagnostics.
 
 The control loop takes a :class:`NodeStatus` snapshot under its lock (levels from
-``core.health``, the same numbers as the message's constants); turning it into a message is
+``control.health``, the same numbers as the message's constants); turning it into a message is
 pure and happens here, so rqt_robot_monitor, diagnostic_aggregator and the tests all read the
 same key names. diagnostic_updater is not used: it is not available from PyPI and the node
 needs nothing beyond one message per period.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
-from vla_policy_node.core.health import FaultReport, InputHealth
+from vla_policy_node.control.health import FaultReport, InputHealth
 
 LATENCY_STAGES = ('prefix', 'denoise', 'total')
 
@@ -27,7 +27,7 @@ class NodeStatus:
     """
     A consistent snapshot of what the node reports once per diagnostics period.
 
-    level: core.health level. counters: integer counters by key (control_steps,
+    level: control.health level. counters: integer counters by key (control_steps,
     prefix_passes, commands_published, ...). latencies: stage -> (p50, p95) in seconds,
     for the stages in LATENCY_STAGES.
     """

@@ -32,7 +32,7 @@ def server_main() -> int:
     """Start ``vla_policy_server`` the same way (signals first, then the heavy imports)."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _exit_before_start)
-    from vla_policy_node.ros.policy_server import main as server
+    from vla_policy_node.ros.server.node import main as server
     return server()
 
 

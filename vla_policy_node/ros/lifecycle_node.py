@@ -38,7 +38,7 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 import torch
 
-from vla_policy_node.core.inference import InferenceResult
+from vla_policy_node.control.inference import InferenceResult
 from vla_policy_node.ros.node import main as run_node, NODE_NAME, PolicyWiring
 from vla_policy_node.ros.params import ParameterError
 from vla_policy_node.ros.policy_loader import PolicyLoadError

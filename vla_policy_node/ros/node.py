@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-The policy node: ROS wiring around the ROS-free control loop (``core/control_loop.py``).
+The policy node: ROS wiring around the ROS-free control loop (``control/loop.py``).
 
 Subscriptions convert messages and hand them to the loop; the control timer ticks it; the
 loop's one exit for commands, its sink, is the only code that publishes to the command topic.
@@ -38,40 +38,22 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
-from vla_policy_node.core.chunking import SchedulerConfig
-from vla_policy_node.core.control_loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
-from vla_policy_node.core.inference import InferenceWorker
-from vla_policy_node.core.joint_map import joint_mapped
-from vla_policy_node.core.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
+from vla_policy_node.control.chunking import SchedulerConfig
+from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
+from vla_policy_node.control.inference import InferenceWorker
+from vla_policy_node.control.joint_map import joint_mapped
+from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
 from vla_policy_node.ros import diagnostics
 from vla_policy_node.ros.command_groups import CommandOutputs
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
-from vla_policy_node.ros.conversions import (
-    ConversionError,
-    image_to_rgb,
-    instruction_text,
-    stamp_seconds,
-    undecodable_is_an_error,
-)
-from vla_policy_node.ros.params import (
-    current_values,
-    declare_parameters,
-    NodeSettings,
-    ParameterError,
-    validate_change,
-)
+from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_text, stamp_seconds,
+                                             undecodable_is_an_error)
+from vla_policy_node.ros.params import current_values, declare_parameters, NodeSettings, ParameterError, validate_change
 from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
 from vla_policy_node.ros.polled_input import PolledSubscription
-from vla_policy_node.ros.remote_inference import RemoteInference
-from vla_policy_node.ros.qos import (
-    CAMERA_QOS,
-    COMMAND_QOS,
-    DIAGNOSTICS_QOS,
-    INSTRUCTION_QOS,
-    INSTRUCTION_VOLATILE_QOS,
-    JOINT_STATES_QOS,
-    SERVICE_QOS,
-)
+from vla_policy_node.ros.server.client import RemoteInference
+from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
+                                     INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
 
 NODE_NAME = 'vla_policy_node'
 WATCHDOG_PERIOD_S = 0.1

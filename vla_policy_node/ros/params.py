@@ -28,17 +28,12 @@ from rclpy.parameter import Parameter
 from rclpy.validate_topic_name import validate_topic_name
 import yaml
 
-from vla_policy_node.core.chunking import BLEND_MODES, RTC_GUIDANCE
-from vla_policy_node.core.joint_map import JointMap
-from vla_policy_node.core.preprocessing import MAX_TASK_CHARS
-from vla_policy_node.core.safety import MotionLimits, SafetyError
-from vla_policy_node.ros.command_groups import (
-    check_group_names,
-    COMMAND_INTERFACES,
-    command_groups_from_values,
-    CommandGroup,
-    group_parameter,
-)
+from vla_policy_node.control.chunking import BLEND_MODES, RTC_GUIDANCE
+from vla_policy_node.control.joint_map import JointMap
+from vla_policy_node.model.preprocessing import MAX_TASK_CHARS
+from vla_policy_node.control.safety import MotionLimits, SafetyError
+from vla_policy_node.ros.command_groups import (check_group_names, COMMAND_INTERFACES, command_groups_from_values,
+                                                CommandGroup, group_parameter)
 
 CAMERA_TRANSPORTS = ('raw', 'compressed')
 DTYPES = ('float32', 'bfloat16', 'float16')

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from vla_policy_node.core.policy import error_summary, resolve_device
-from vla_policy_node.core.program_cache import ProgramCache
-from vla_policy_node.core.runtime import PolicyRuntime
-from vla_policy_node.models import build_tiny_policy, load_policy
+from vla_policy_node.runtime.policy import error_summary, resolve_device
+from vla_policy_node.runtime.program_cache import ProgramCache
+from vla_policy_node.runtime.engine import PolicyRuntime
+from vla_policy_node.loading import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import NodeSettings
 
 

@@ -3,7 +3,7 @@
 
 import sys
 
-from . import SHIPPED_CHECKPOINT
+from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .task import COLOURS, Scene
+from vla_policy_node.sim.task import COLOURS, Scene
 
 TABLE_RGB = (190, 180, 160)
 ARM_RGB = (50, 50, 50)

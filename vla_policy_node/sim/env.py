@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arm import JOINT_NAMES, PlanarArm
-from .camera import TopCamera
-from .task import Scene, TaskConfig, sample_scene, touched
+from vla_policy_node.sim.arm import JOINT_NAMES, PlanarArm
+from vla_policy_node.sim.camera import TopCamera
+from vla_policy_node.sim.task import Scene, TaskConfig, sample_scene, touched
 
 CAMERA_NAME = "top"
 

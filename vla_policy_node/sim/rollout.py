@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .env import TouchEnv
+from vla_policy_node.sim.env import TouchEnv
 
 ChunkFn = Callable[[dict], np.ndarray]
 """observation -> actions (chunk, J) in joint positions."""
@@ -59,7 +59,7 @@ def evaluate(env: TouchEnv, chunk_fn: ChunkFn, episodes: int, seed: int, execute
     Run ``episodes`` episodes on layouts drawn from ``seed``; ``report`` sees each result.
 
     The arm's first pose comes from ``seed + 1`` and every episode starts where the last
-    ended, as on the ROS robot (``ros.sim_robot``): the same seed gives the same layouts.
+    ended, as on the ROS robot (``ros.sim.robot``): the same seed gives the same layouts.
     """
     env.reset(np.random.default_rng(seed + 1))
     rng = np.random.default_rng(seed)

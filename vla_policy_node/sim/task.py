@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arm import PlanarArm
+from vla_policy_node.sim.arm import PlanarArm
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),

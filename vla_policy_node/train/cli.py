@@ -33,18 +33,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..core.families.smolvla import SmolVLA, SmolVLAConfig
-from ..core.loading import init_weights, load_policy
-from ..core.normalization import Normalizer
-from ..core.preprocessing import Preprocessor, newline_prompt, smolvla_image
-from ..core.tokenizer import TextTokenizer
-from ..sim.env import CAMERA_NAME, TouchEnv
-from ..sim.rollout import evaluate, policy_chunk_fn, success_rate
-from ..sim.task import COLOURS
-from . import data_parallel, export
-from .data_parallel import Worker
-from .demonstrations import Demonstrations, collect
-from .flow_matching import flow_matching_loss, sample_noise, sample_time
+from vla_policy_node.model.families.smolvla import SmolVLA, SmolVLAConfig
+from vla_policy_node.loading.load import init_weights, load_policy
+from vla_policy_node.model.normalization import Normalizer
+from vla_policy_node.model.preprocessing import Preprocessor, newline_prompt, smolvla_image
+from vla_policy_node.model.tokenizer import TextTokenizer
+from vla_policy_node.sim.env import CAMERA_NAME, TouchEnv
+from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
+from vla_policy_node.sim.task import COLOURS
+from vla_policy_node.train import data_parallel, export
+from vla_policy_node.train.data_parallel import Worker
+from vla_policy_node.train.demonstrations import Demonstrations, collect
+from vla_policy_node.train.flow_matching import flow_matching_loss, sample_noise, sample_time
 
 EVAL_SEED_OFFSET = 10_000        # evaluation layouts come from another seed than the demonstrations
 VOCABULARY = ["touch", "the", "block", *COLOURS, "a", "to", "go", "reach", "cube", "square"]

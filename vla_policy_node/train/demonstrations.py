@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tqdm import tqdm
 
-from ..sim.env import CAMERA_NAME, TouchEnv
-from ..sim.expert import ScriptedExpert
-from ..sim.task import INSTRUCTION, Scene
+from vla_policy_node.sim.env import CAMERA_NAME, TouchEnv
+from vla_policy_node.sim.expert import ScriptedExpert
+from vla_policy_node.sim.task import INSTRUCTION, Scene
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,10 @@ from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
 from torch import nn
 
-from ..core import checkpoint as ckpt
-from ..core import lerobot_generation as generations
-from ..core.families import smolvla
-from ..core.weights import load_weights, prefix_key_map
+from vla_policy_node.loading import checkpoint as ckpt
+from vla_policy_node.loading import generation as generations
+from vla_policy_node.model.families import smolvla
+from vla_policy_node.loading.weights import load_weights, prefix_key_map
 
 VLM_FOLDER = "vlm"
 SETTINGS_FILE = ckpt.SETTINGS_FILE            # vla_policy_node.json: the project's own fields

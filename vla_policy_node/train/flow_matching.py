@@ -4,7 +4,7 @@ The flow-matching training objective, as LeRobot's SmolVLA computes it.
 
 With actions a (B, T, A) and noise e ~ N(0, I), a time t ~ Beta(1.5, 1) * 0.999 + 0.001
 per sample gives x_t = t * e + (1 - t) * a; the model's velocity at (x_t, t) is
-regressed onto u = e - a with a mean squared error. Sampling (``core.flow``) then
+regressed onto u = e - a with a mean squared error. Sampling (``model.flow``) then
 integrates from t = 1 (noise) to t = 0 (actions). The network is the runtime's own
 ``SmolVLA``: its prefix pass fills a ``VLAPrefixCache`` that is frozen before the
 expert reads it, exactly as at inference, with autograd on.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.families.smolvla import SmolVLA
-from ..core.prefix_cache import VLAPrefixCache
-from ..core.types import ModelInputs
+from vla_policy_node.model.families.smolvla import SmolVLA
+from vla_policy_node.model.prefix_cache import VLAPrefixCache
+from vla_policy_node.model.types import ModelInputs
 
 TIME_BETA = (1.5, 1.0)        # LeRobot's sample_time: Beta(1.5, 1.0) * 0.999 + 0.001
 

@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: Apache-2.0
+"""launch/multi_robot.launch.py: one server, N robots in their own namespaces (built, not run)."""
+
+import importlib.util
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+launch = pytest.importorskip('launch')
+pytest.importorskip('launch_ros')
+
+
+def load():
+    spec = importlib.util.spec_from_file_location('multi_robot_launch',
+                                                  ROOT / 'launch' / 'multi_robot.launch.py')
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch('ament_index_python.packages.get_package_share_directory',
+                    return_value=str(ROOT)):
+        spec.loader.exec_module(module)
+        return module, module.generate_launch_description()
+
+
+def given(node) -> tuple[list[str], dict]:
+    """Return the parameter files the launch gives ``node`` and the values of the last, which is its own."""
+    files = [''.join(str(getattr(p, 'text', p)) for p in entry.param_file) for entry in node._Node__parameters]
+    document = yaml.safe_load(Path(files[-1]).read_text())
+    (name, section), = document.items()
+
+    def text(parts):
+        return ''.join(str(getattr(p, 'text', p)) for p in parts or [])
+    namespace = text(node._Node__node_namespace).strip('/')
+    assert name == (f'/{namespace}/' if namespace else '/') + text(node._Node__node_name)
+    return files[:-1], section['ros__parameters']
+
+
+def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
+    """The values go in parameter files keyed by each node's full name, removed when the launch ends."""
+    module, description = load()
+    context = launch.LaunchContext()
+    for entity in description.entities:
+        if type(entity).__name__ == 'DeclareLaunchArgument':
+            entity.visit(context)
+    files = module.LaunchParameters()
+    started = module.server(context, files)
+    servers = [e for e in started if getattr(e, 'node_executable', None) == 'vla_policy_server']
+    assert len(servers) == 1
+    context.launch_configurations['robots'] = '3'
+    nodes = module.robots(context, files)
+    assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
+    for node in nodes[1::2]:
+        before, values = given(node)
+        assert before == [str(ROOT / 'config' / 'default.yaml')]
+        assert values['inference'] == 'remote' and values['remote.server'] == '/vla_policy_server'
+        assert values['chunking.horizon'] == module.shipped_chunk_size()
+        assert values['joint_states_topic'] == 'joint_states'
+        assert values['camera_names'] == ['top'] and len(values['joint_names']) == 3   # demo.yaml's, per namespace
+    for index, arm in enumerate(nodes[0::2], start=1):
+        assert given(arm)[1]['policy_node'] == f'/robot{index}/vla_policy_node'
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    _, server = given(servers[0])
+    assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.005
+    assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
+    from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
+    assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
+    files.remove()                      # what the launch's shutdown does
+    assert not Path(files.folder).exists()
+
+
+def test_launch_parameter_files_keep_strings_strings_and_go_at_shutdown():
+    from vla_policy_node.ros.launch_parameters import LaunchParameters
+    files = LaunchParameters()
+    path = Path(files.file('arm', 'vla_policy_node', {'checkpoint': 'n', 'device': '1e5', 'flag': True,
+                                                      'limits': {'lower': [0.5, -1.0]}}))
+    text = path.read_text()
+    assert ": 'n'" in text and ": '1e5'" in text          # rcl reads y, n, 1e5 unquoted as a bool, a double
+    assert yaml.safe_load(text) == {'/arm/vla_policy_node': {'ros__parameters': {
+        'checkpoint': 'n', 'device': '1e5', 'flag': True, 'limits': {'lower': [0.5, -1.0]}}}}
+    files.remove()
+    assert not path.parent.exists()
+
+
+def test_the_server_settings_carry_everything_the_policy_loader_reads():
+    import re
+
+    from vla_policy_node.ros import policy_loader
+    from vla_policy_node.ros.server.node import ServerSettings
+    read = set(re.findall(r'settings\.(\w+)', Path(policy_loader.__file__).read_text()))
+    assert read - set(ServerSettings.__dataclass_fields__) == set()

@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+RemoteInference under the ROS-free control loop, against a scripted server over real DDS.
+
+The robot's loop and a fake ``vla_policy_server`` (it records requests and answers when the
+test says) share one process and one private domain: the wire format, the deadline, episode
+and staleness rules are exercised without starting processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from ros_harness import next_domain_id
+from std_msgs.msg import UInt8MultiArray
+
+from vla_policy_node.control.chunking import RTCGuidance, SchedulerConfig
+from vla_policy_node.control.loop import ControlLoop, LoopSettings
+from vla_policy_node.control.safety import MotionLimits
+from vla_policy_node.ros.qos import REMOTE_FLEET_QOS
+from vla_policy_node.ros.server.client import RemoteInference
+from vla_policy_node.ros.server.protocol import (decode_chunk, decode_request, decode_request_key, encode_chunk,
+                                                 encode_request, ProtocolError, RequestKey)
+
+pytestmark = pytest.mark.dds
+
+JOINTS = ('a', 'b', 'c')
+RATE = 20.0
+HORIZON = 8
+TASK = 'stack the blocks'
+RGB = np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)
+STATE = np.array([0.1, -0.2, 0.3])
+
+
+class FakeServer:
+    """Records decoded requests; answers them only when told."""
+
+    def __init__(self, context) -> None:
+        self.node = rclpy.create_node('vla_policy_server', context=context)
+        self.requests: list[tuple] = []
+        self._lock = threading.Lock()
+        self.publisher = self.node.create_publisher(UInt8MultiArray, '~/chunks', REMOTE_FLEET_QOS)
+        self.node.create_subscription(UInt8MultiArray, '~/requests', self._on_request, REMOTE_FLEET_QOS)
+
+    def _on_request(self, msg) -> None:
+        with self._lock:
+            self.requests.append(decode_request(msg))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def answer(self, index: int, chunk: np.ndarray | None = None, fault: str | None = None,
+               key: RequestKey | None = None) -> None:
+        chunk = np.zeros((HORIZON, len(JOINTS))) + STATE if chunk is None and fault is None else chunk
+        self.publisher.publish(encode_chunk(key or self.requests[index].key, chunk, fault,
+                                            'scripted' if fault else '', 0.001, 0.01, 1))
+
+
+class Robot:
+    """The control loop with remote inference, fed fresh inputs and ticked by the test."""
+
+    def __init__(self, context, deadline: float, max_observation_age: float = 0.5) -> None:
+        self.node = rclpy.create_node('robot', namespace='/arm1', context=context)
+        self.commands: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self.remote = RemoteInference(self.node, '/vla_policy_server', JOINTS, time.monotonic, deadline,
+                                      lambda text: None)
+        limits = MotionLimits(np.full(3, -3.0), np.full(3, 3.0), np.full(3, 2.0), 0.1)
+        self.loop = ControlLoop(
+            LoopSettings(JOINTS, ('front',), RATE, limits, max_observation_age=max_observation_age),
+            SchedulerConfig(RATE, HORIZON), self.remote,
+            lambda points, obs_times, joints: self.commands.append((points, obs_times)))
+        self.loop.on_instruction(TASK)
+        self.remote.start()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        self.loop.on_joint_state(JOINTS, STATE, now, None)
+        self.loop.on_image('front', RGB, now, None)
+        self.loop.tick(now)
+
+    def run_until(self, predicate, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.tick()
+            if predicate():
+                return True
+            time.sleep(1.0 / RATE)
+        return False
+
+    def counters(self) -> dict[str, int]:
+        return {**self.remote.stats['counters'], **self.loop.status(time.monotonic(), 1.0).counters}
+
+    def executed(self) -> int:
+        return sum(1 for _, obs_times in self.commands if obs_times is not None)
+
+
+@pytest.fixture
+def link(request):
+    deadline, age = getattr(request, 'param', (2.0, 0.5))
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    server, robot = FakeServer(context), Robot(context, deadline, age)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(server.node)
+    executor.add_node(robot.node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    end = time.monotonic() + 10.0
+    while time.monotonic() < end and not (
+            server.publisher.get_subscription_count() and robot.remote._requests.get_subscription_count()):
+        time.sleep(0.05)
+    yield server, robot
+    robot.remote.stop(1.0)
+    executor.shutdown(timeout_sec=1.0)
+    spinner.join(2.0)
+    robot.node.destroy_node()
+    server.node.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def test_request_carries_the_observation_and_the_answer_is_executed(link):
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    request = server.requests[0]
+    key, observation, obs_time = request.key, request.observation, request.key.obs_time
+    assert (key.robot, key.request_id, key.episode, request.rtc, request.joints) == ('/arm1/robot', 0, 0, None, JOINTS)
+    assert len(key.session) == 16
+    np.testing.assert_array_equal(observation['images']['front'], RGB)
+    np.testing.assert_allclose(observation['state'], STATE.astype(np.float32))
+    assert observation['task'] == TASK and isinstance(obs_time, float)
+    server.answer(0)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+    counters = robot.counters()
+    assert counters['chunks_received'] == 1 and counters['remote_answers'] == 1
+    assert all(np.all(obs_times == obs_time) for _, obs_times in robot.commands if obs_times is not None)
+    assert robot.remote.stats['latencies']['total'][0] > 0
+
+
+def test_an_answer_for_an_old_episode_is_never_executed(link):
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    robot.loop.reset_episode('test')
+    assert robot.run_until(lambda: server.count() == 2, 5.0), 'the new episode asks at once'
+    assert server.requests[1].key.episode == 1
+    server.answer(0, chunk=np.full((HORIZON, 3), 2.5))      # the old episode's answer, late
+    assert robot.run_until(lambda: robot.counters()['remote_late_answers'] == 1, 5.0)
+    server.answer(1)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+    executed = np.concatenate([points for points, times in robot.commands if times is not None])
+    assert np.all(executed < 2.0), 'an action of the old episode was executed'
+    assert robot.counters()['chunks_received'] == 1
+
+
+@pytest.mark.parametrize('link', [(2.0, 0.3)], indirect=True)
+def test_an_answer_for_an_old_observation_is_never_executed(link):
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    obs_time = server.requests[0].key.obs_time
+    robot.run_until(lambda: time.monotonic() - obs_time > 0.45, 2.0)
+    server.answer(0, chunk=np.full((HORIZON, 3), 2.5))      # 0.45 s old: max_observation_age 0.3
+    assert robot.run_until(lambda: robot.counters()['policy_stale'] == 1, 5.0)
+    assert robot.executed() == 0 and robot.counters()['chunks_received'] == 0
+    assert robot.run_until(lambda: server.count() == 2, 5.0), 'the robot asks again'
+    server.answer(1)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+
+
+@pytest.mark.parametrize('link', [(0.3, 0.5)], indirect=True)
+def test_a_silent_server_makes_the_robot_hold_within_the_deadline_and_it_resumes(link):
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    server.answer(0)
+    assert robot.run_until(lambda: robot.executed() >= 1, 5.0)
+    # The server goes silent: the plan runs out, then one deadline later the loop holds.
+    assert robot.run_until(lambda: robot.counters()['remote_timeouts'] >= 1, 3.0)
+    sent = server.count()
+    assert robot.run_until(lambda: 'no answer from the policy server' in (robot.loop.hold_reason or ''), 1.0)
+    assert robot.run_until(lambda: server.count() > sent, 2.0), 'the robot keeps asking'
+    executed = robot.executed()
+    server.answer(server.count() - 1)
+    assert robot.run_until(lambda: robot.executed() > executed, 3.0)
+    assert robot.loop.hold_reason is None
+
+
+def test_an_answer_to_an_earlier_run_of_the_robot_is_never_executed(link):
+    """Ids restart at 0 with every run: only the session (and the observation time) tell runs apart."""
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    key = server.requests[0].key
+    earlier_run = RequestKey(key.robot, 'f' * 16, key.request_id, key.episode, key.obs_time)
+    server.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=earlier_run)
+    older_observation = RequestKey(key.robot, key.session, key.request_id, key.episode, key.obs_time - 1.0)
+    server.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=older_observation)
+    assert robot.run_until(lambda: robot.counters()['remote_late_answers'] == 2, 5.0)
+    server.answer(0)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+    executed = np.concatenate([points for points, times in robot.commands if times is not None])
+    assert np.all(executed < 2.0), 'an answer of another run or observation was executed'
+
+
+def test_a_whole_batch_of_answers_reaches_the_robot(link):
+    """Every robot reads every answer of a batch: a large batch must not overwrite its own answer."""
+    server, robot = link
+    assert robot.run_until(lambda: server.count() == 1, 5.0)
+    others = [RequestKey(f'/robot{i}', 'other', 0, 0, 1.0) for i in range(100)]
+
+    def burst() -> None:            # in one executor callback: the robot takes nothing meanwhile
+        timer.cancel()
+        server.answer(0)
+        for other in others:
+            server.answer(0, key=other)
+    timer = server.node.create_timer(0.01, burst)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0), robot.counters()
+    assert robot.counters()['remote_answers'] == 1
+
+
+def test_without_a_server_a_request_fails_at_once_with_the_reason():
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    try:
+        robot = Robot(context, deadline=5.0)
+        assert robot.run_until(lambda: robot.counters()['remote_timeouts'] >= 1, 1.0), \
+            'the request waited for its deadline with nobody to answer it'
+        assert robot.run_until(
+            lambda: 'no policy server subscribes to /vla_policy_server/requests' in (robot.loop.hold_reason or ''),
+            1.0), robot.loop.hold_reason
+        assert robot.executed() == 0
+        robot.remote.stop(1.0)
+        robot.node.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=context)
+
+
+def test_rtc_guidance_round_trips_and_bad_messages_name_the_field():
+    prefix = np.arange(12, dtype=np.float64).reshape(4, 3) / 7
+    key = RequestKey('/r', 'abc', 3, 2, 12.5)
+    msg = encode_request(key, JOINTS, {'images': {'front': RGB}, 'state': STATE, 'task': TASK},
+                         RTCGuidance(prefix, 2, 5.0, 'lerobot'))
+    request = decode_request(msg)
+    rtc = request.rtc
+    assert request.key == key and request.joints == JOINTS
+    np.testing.assert_array_equal(rtc.prefix, prefix)
+    assert (rtc.delay_steps, rtc.max_guidance_weight, rtc.guidance) == (2, 5.0, 'lerobot')
+    msg.layout.dim[1].size -= 1
+    with pytest.raises(ProtocolError, match='layout.dim'):
+        decode_request(msg)
+    answer = decode_chunk(encode_chunk(RequestKey('/r', 'abc', 1, 0, 3.0), None, 'raised', 'boom', 0.0, 0.1, 2))
+    assert answer.chunk is None and answer.fault == 'raised' and answer.batch_size == 2
+
+
+def test_the_key_of_a_request_of_another_version_can_still_be_read():
+    """So the server can answer it with the reason instead of leaving the robot to its deadline."""
+    key = RequestKey('/r', 'abc', 1, 0, 1.0)
+    msg = with_meta(encode_request(key, JOINTS, {'images': {}, 'state': STATE, 'task': TASK}, None),
+                    b'{"version": 1, "robot": "/r", "session": "abc", "request_id": 1, "episode": 0, "obs_time": 1.0}')
+    with pytest.raises(ProtocolError, match='meta.version must be 2, got 1'):
+        decode_request(msg)
+    assert decode_request_key(msg) == key
+    with pytest.raises(ProtocolError, match='meta.session'):
+        decode_request_key(with_meta(msg, b'{"version": 1, "robot": "/r"}'))
+
+
+def with_meta(msg: UInt8MultiArray, meta: bytes) -> UInt8MultiArray:
+    """``msg`` with its meta segment replaced by ``meta`` (other segments kept)."""
+    rest = bytes(msg.data)[msg.layout.dim[0].size:]
+    msg.layout.dim[0].size = len(meta)
+    msg.data = meta + rest
+    return msg
+
+
+KEY = b'"version": 2, "robot": "/r", "session": "abc", "request_id": 1, "episode": 0, "obs_time": 1.0, '
+HOSTILE_METAS = [
+    b'[' * 100_000 + b']' * 100_000,                                    # RecursionError in json
+    b'{"version": 2, "robot": "/r", "session": "abc", "request_id": ' + b'9' * 5000 + b'}',  # 5000 digits
+    b'{"version": 2, "robot": "/r", "session": "abc", "request_id": 1, "episode": 0, "obs_time": 1'
+    + b'0' * 400 + b'}',
+    b'{' + KEY + b'"joints": ["a", "b", "c"], "task": "t", "state": ["a"], "images": {}}',
+    b'{' + KEY + b'"joints": ["a", "b", "c"], "task": "t", "state": ["1.5"], "images": {}}',
+    b'{' + KEY + b'"joints": ["a", "b", "c"], "task": "t", "state": [[1, 2], [3]], "images": {}}',
+    b'{' + KEY + b'"joints": [1, 2], "task": "t", "state": [1.0], "images": {}}',
+    b'{' + KEY + b'"fault": null, "shape": [true, {}]}',
+    b'{' + KEY + b'"joints": ["a"], "task": "t", "state": [1.0], "images": {}, "rtc": {"shape": [1, 1], '
+    b'"delay_steps": 0, "max_guidance_weight": 1e999, "guidance": "paper"}}',
+    b' ' * (2 << 20),
+]
+
+
+@pytest.mark.parametrize('meta', HOSTILE_METAS, ids=range(len(HOSTILE_METAS)))
+def test_hostile_messages_are_protocol_errors_on_both_sides(meta):
+    key = RequestKey('/r', 'abc', 1, 0, 1.0)
+    request = encode_request(key, JOINTS, {'images': {'front': RGB}, 'state': STATE, 'task': TASK}, None)
+    with pytest.raises(ProtocolError):
+        decode_request(with_meta(request, meta))
+    answer = encode_chunk(key, np.zeros((4, 3)), None, '', 0.0, 0.1, 1)
+    with pytest.raises(ProtocolError):
+        decode_chunk(with_meta(answer, meta))

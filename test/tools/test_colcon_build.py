@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+colcon builds and tests the package as a ROS 2 workspace would.
+
+colcon sees an ament_python package and installs the share folder and executables, and
+``colcon test`` runs the tests against the installed executables.
+"""
+
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+
+import pytest
+from ros_harness import installed_executable
+
+ROOT = Path(__file__).resolve().parents[2]
+COLCON = [sys.executable, '-m', 'colcon']
+# The colcon test below runs one of the node's DDS tests.
+pytestmark = pytest.mark.dds
+
+
+def test_colcon_list_shows_ros_ament_python():
+    out = subprocess.run(COLCON + ['list', '--base-paths', str(ROOT)], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    assert 'vla_policy_node' in out and '(ros.ament_python)' in out, out
+
+
+@pytest.mark.slow
+def test_colcon_build_installs_share_folder(tmp_path: Path):
+    source = tmp_path / 'src' / 'vla_policy_node'
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        '.venv*', '.git', 'build', 'install', 'log', '__pycache__', '*.egg-info', '.pytest_cache',
+        '.hypothesis'))
+    result = subprocess.run(
+        COLCON + ['build', '--base-paths', 'src', '--event-handlers', 'console_cohesion-'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    share = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'vla_policy_node'
+    for name in ('package.xml', 'launch/vla_policy.launch.py', 'config/default.yaml',
+                 'config/demo.yaml', 'config/fastdds_shm.xml'):
+        assert (share / name).is_file(), name
+    index = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'ament_index'
+    assert (index / 'resource_index' / 'packages' / 'vla_policy_node').is_file()
+    lib = tmp_path / 'install' / 'vla_policy_node' / 'lib' / 'vla_policy_node'
+    for name in ('vla_policy_node', 'vla_policy_lifecycle_node', 'vla_policy_sim_robot'):
+        assert (lib / name).is_file(), name
+    assert (tmp_path / 'install' / 'vla_policy_node' / 'share' / 'doc' / 'vla_policy_node' /
+            'LICENSE').is_file()
+    # colcon test: a test that starts the node finds the executable colcon installed (its
+    # harness looks in the ament index first); the package's own checkout is not importable.
+    env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
+    result = subprocess.run(
+        COLCON + ['test', '--base-paths', 'src', '--event-handlers', 'console_direct+',
+                  '--pytest-args', 'test/ros/test_params.py', '-k',
+                  'test_node_exits_1_with_the_reason_on_a_bad_params_file and control_rate'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and '1 passed' in result.stdout, result.stdout + result.stderr
+    results = subprocess.run(COLCON + ['test-result', '--all'], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert results.returncode == 0 and '0 errors, 0 failures' in results.stdout, results.stdout
+
+
+def test_installed_executable_prefers_the_ament_index(tmp_path: Path, monkeypatch):
+    lib = tmp_path / 'lib' / 'vla_policy_node'
+    lib.mkdir(parents=True)
+    (lib / 'vla_policy_node').write_text('#!/bin/sh\n')
+    monkeypatch.setenv('AMENT_PREFIX_PATH', str(tmp_path))
+    assert installed_executable() == Path(sys.executable).parent / 'vla_policy_node', \
+        'a prefix without the package marker was used'
+    marker = tmp_path / 'share' / 'ament_index' / 'resource_index' / 'packages'
+    marker.mkdir(parents=True)
+    (marker / 'vla_policy_node').touch()
+    assert installed_executable() == lib / 'vla_policy_node'

@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+vla-policy-replay on bags the tests record themselves (MCAP, written as rosbag2 writes them).
+
+A scripted policy that always answers the recorded command checks the bookkeeping (errors 0,
+the state in training units, the times of the predicted rows); the tiny model runs the whole
+command line: table, JSON and PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from PIL import Image as PILImage
+import pytest
+from ros_harness import DEFAULT_CONFIG
+from test_node_robot_fit import FIT
+import yaml
+
+from vla_policy_node.replay.bag import read_messages, topic_types, write_synthetic_episode
+from vla_policy_node.replay.cli import main, replay, settings_from_files
+
+
+@pytest.fixture(scope='module')
+def fit_config(tmp_path_factory):
+    folder = tmp_path_factory.mktemp('replay')
+    override = folder / 'fit.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
+        **FIT, 'allow_random_weights': True, 'num_threads': 1}}}))
+    settings = settings_from_files([str(DEFAULT_CONFIG), str(override)])
+    bag = folder / 'episode.mcap'
+    write_synthetic_episode(bag, settings, seconds=3.0)
+    return settings, override, bag
+
+
+def test_the_recorded_bag_holds_what_the_node_reads(fit_config):
+    settings, _, bag = fit_config
+    assert topic_types(bag) == {
+        '/camera/front/image_raw/compressed': 'sensor_msgs/msg/CompressedImage',
+        '/camera/wrist/image_raw': 'sensor_msgs/msg/Image',
+        '/joint_states': 'sensor_msgs/msg/JointState',
+        '/instruction': 'std_msgs/msg/String',
+        '/arm_controller/joint_trajectory': 'trajectory_msgs/msg/JointTrajectory',
+        '/gripper_controller/commands': 'std_msgs/msg/Float64MultiArray'}
+    times = [log_time for *_, log_time in read_messages(bag)]
+    assert times == sorted(times)
+
+
+class RecordedCommandPolicy:
+    """Answers every observation with the command the bag holds 0.1 s ahead of the state."""
+
+    chunk_size = 8
+
+    def __init__(self, joint_map) -> None:
+        self.joint_map = joint_map
+        self.states = []
+
+    def predict_action_chunk(self, observation):
+        self.states.append(observation['state'])
+        ros = self.joint_map.action_to_ros(observation['state'].astype(np.float64))
+        # The synthetic joints are 0.3 sin(0.8 t + phase): find t from joint 0 is awkward, so
+        # answer a constant chunk of the (mapped) state; its error is the command's lead.
+        return np.tile(self.joint_map.state_to_policy(ros), (1, self.chunk_size, 1))
+
+
+def test_predictions_are_compared_with_the_command_in_force(fit_config):
+    settings, _, bag = fit_config
+    policy = RecordedCommandPolicy(settings.joint_map)
+    result = replay(str(bag), settings, policy)
+    horizon, dt = policy.chunk_size, 1.0 / settings.control_rate_hz
+    assert result.chunks == len(policy.states) >= 6
+    # One observation per horizon, each predicting `horizon` rows dt apart.
+    np.testing.assert_allclose(np.diff(result.predicted_times[::horizon]), horizon * dt, atol=1e-9)
+    np.testing.assert_allclose(np.diff(result.predicted_times[:horizon]), dt, atol=1e-9)
+    # The state reached the policy in training units: degrees, gripper percent.
+    ros = settings.joint_map.action_to_ros(np.asarray(policy.states[0], np.float64))
+    assert np.all(np.abs(ros) <= 0.3 + 1e-6)
+    assert np.max(np.abs(policy.states[0][:5])) > 1.0, 'the state was not in degrees'
+    # Each error is the prediction minus the newest recorded command at or before its time.
+    k = len(result.predicted_times) // 2
+    index = np.searchsorted(result.recorded_times, result.predicted_times[k], side='right') - 1
+    np.testing.assert_allclose(result.errors[k], result.predicted[k] - result.recorded[index])
+    # Constant chunks of a sine whose commands lead by 0.1 s: errors bounded by its slope.
+    summary = result.summary()['joints']
+    for name, row in summary.items():
+        assert row['points'] == len(result.predicted_times)
+        assert 0.0 < row['mae'] <= row['max_abs'] <= 0.3 * 0.8 * (0.1 + horizon * dt + 0.1) + 1e-6, name
+
+
+def test_missing_topics_are_named(fit_config, tmp_path):
+    settings, _, bag = fit_config
+    other = settings_from_files([str(DEFAULT_CONFIG)], ['allow_random_weights:=true'])
+    with pytest.raises(ValueError, match=r"the bag has no topics \['/camera/front/image_raw'"):
+        replay(str(bag), other, RecordedCommandPolicy(other.joint_map))
+
+
+def test_command_line_with_the_tiny_model_writes_table_json_and_png(fit_config, tmp_path, capsys):
+    _, override, bag = fit_config
+    png, report = tmp_path / 'replay.png', tmp_path / 'replay.json'
+    code = main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override),
+                 '--plot', str(png), '--json', str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert 'shoulder_pan' in out and 'MAE' in out
+    summary = json.loads(report.read_text())
+    assert summary['chunks'] >= 3
+    assert all(math.isfinite(row['mae']) and row['points'] > 0 for row in summary['joints'].values())
+    with PILImage.open(png) as image:
+        assert image.format == 'PNG' and image.size[0] > 400
+
+
+def test_command_line_refuses_a_bad_parameter(fit_config, capsys):
+    _, override, bag = fit_config
+    code = main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override),
+                 '-p', 'joint_units.scale:=[1.0, 2.0]'])
+    assert code == 1
+    assert 'joint_units: scale has 2 entries, expected one per joint (6)' in capsys.readouterr().err

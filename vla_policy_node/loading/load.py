@@ -1,0 +1,273 @@
+# SPDX-License-Identifier: Apache-2.0
+"""load_policy / build_tiny_policy: a checkpoint folder (or the tiny config) -> a ready ``Policy``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vla_policy_node.loading import checkpoint as ckpt
+from vla_policy_node.model.blocks import DecoderSpec
+from vla_policy_node.loading import generation as generations
+from vla_policy_node.loading import processors
+from vla_policy_node.loading import openpi
+from vla_policy_node.model.families import pi0 as pi0_family
+from vla_policy_node.model.families import pi05 as pi05_family
+from vla_policy_node.model.families import smolvla
+from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
+from vla_policy_node.model.normalization import Normalizer
+from vla_policy_node.runtime.policy import Policy, resolve_device, resolve_dtype
+from vla_policy_node.model.precision import cast_model
+from vla_policy_node.model.preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
+from vla_policy_node.model.tokenizer import PADDING_SIDES, ByteTokenizer, TextTokenizer
+from vla_policy_node.model.vision import VisionSpec
+from vla_policy_node.loading.weights import build_model, prefix_key_map
+
+log = logging.getLogger(__name__)
+
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"   # LeRobot's default for pi0 / pi0.5
+
+
+def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
+                allowed_roots: Sequence[str | Path] = (), attention_backend: str = "sdpa",
+                seed: int = 0, pack_weights: bool = True, lerobot_version: Optional[str] = None) -> Policy:
+    """
+    Load a LeRobot (or openpi) checkpoint folder; the family is read from its config.
+
+    ``pack_weights=False`` skips the oneDNN-packed copies of the CPU weights that run
+    (nearly as large as the weights): less memory, slower matmuls (see ``packed_linear``).
+    The LeRobot release that wrote a LeRobot checkpoint is recognised from its files
+    (``lerobot_generation``); ``lerobot_version`` ("0.4.4", "0.5"), else ``vla_policy_node.json``
+    in the folder, picks where the files allow several, and must agree with them.
+    """
+    folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
+    config = ckpt.read_json(ckpt.inside(folder, "config.json"))
+    family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
+    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": _pi, "pi05": _pi, "openpi": _pi}
+    if not isinstance(family, str) or family not in builders:
+        raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
+                                   f"supported: {sorted(builders)}")
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
+    policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
+                              pack_weights, lerobot_version)
+    log.info("loaded %s", policy.describe())
+    return policy
+
+
+def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
+             seed: int, pack_weights: bool, lerobot_version: Optional[str]) -> Policy:
+    vlm_name = ckpt.config_value(config, "vlm_model_name", str, "", "config.json")
+    vlm_dir = ckpt.inside(folder, vlm_name)
+    vlm_in_checkpoint = (vlm_dir / "config.json").is_file()
+    if vlm_in_checkpoint:
+        vlm_cfg = ckpt.read_json(vlm_dir / "config.json")
+    elif vlm_name in smolvla.KNOWN_VLMS:
+        vlm_cfg = smolvla.KNOWN_VLMS[vlm_name]
+    else:
+        raise ckpt.CheckpointError(f"SmolVLA backbone config {vlm_name!r} not found at {vlm_dir}/config.json")
+    tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    source = "policy_preprocessor.json tokenizer_processor"
+    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, vlm_name, source)
+    generation = _generation(folder, config, lerobot_version, tok_name,
+                             vlm_cfg if vlm_in_checkpoint else None, f"{vlm_name}/config.json")
+    try:
+        cfg = smolvla.SmolVLAConfig.from_lerobot(
+            config, vlm_cfg, "transformers5" if generation.transformers5 else "transformers4")
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
+    steps = _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    model = build_model(lambda: smolvla.SmolVLA(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(smolvla.key_rules()))
+    tokenizer = TextTokenizer(ckpt.tokenizer_file(folder, tok_name))
+    state_norm, action_norm = ckpt.lerobot_normalizers(folder)
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
+        tokenizer=tokenizer, prompt=newline_prompt if steps.newline else _task_prompt,
+        **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
+        padding_side=_padding_side(tok_cfg, source), camera_renames=steps.camera_renames,
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
+    return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed, pack_weights, relative_actions=steps.relative,
+                  provenance=generation.describe())
+
+
+def _task_prompt(task: str, state: np.ndarray) -> str:
+    """Build the prompt of a pipeline without a new-line step: the task as given."""
+    return task
+
+
+def _generation(folder: Path, config: dict, override: Optional[str], tokenizer_name: str,
+                vlm_config: Optional[dict] = None, vlm_where: str = "") -> generations.Generation:
+    """Recognise the LeRobot that wrote ``folder`` from its files (and the user's override)."""
+    tok_config, tok_where = None, ""
+    tok_dir = folder / tokenizer_name
+    if not Path(tokenizer_name).is_absolute() and tok_dir.is_dir():
+        tok_path = ckpt.inside(folder, f"{tokenizer_name}/tokenizer_config.json")
+        if tok_path.is_file():
+            tok_config, tok_where = ckpt.read_json(tok_path), f"{tokenizer_name}/tokenizer_config.json"
+    found = generations.markers(
+        config, ckpt.pipeline_steps(folder, processors.PRE), ckpt.pipeline_steps(folder, processors.POST),
+        tok_config, vlm_config, tok_where, vlm_where)
+    if override is not None:
+        text, source = override, "lerobot_version"
+    else:
+        recorded = ckpt.lerobot_version(folder)
+        text = None if recorded is None else ".".join(map(str, recorded))
+        source = ckpt.SETTINGS_FILE
+    version = None if text is None else ckpt.parse_version(text, source)
+    try:
+        generation = generations.recognise(found, version, text, folder)
+    except generations.GenerationError as exc:
+        raise ckpt.CheckpointError(str(exc)) from exc
+    log.info("%s: read as written by %s", folder, generation.describe())
+    return generation
+
+
+def _pipelines(folder: Path, config: dict, action_dim: int, state_dim: int) -> processors.Pipelines:
+    """Every step of the saved pre/post-processors, implemented or refused by name."""
+    try:
+        return processors.read_pipelines(
+            config.get("type", ""), config, ckpt.pipeline_steps(folder, processors.PRE),
+            ckpt.pipeline_steps(folder, processors.POST), action_dim, state_dim)
+    except processors.ProcessorError as exc:
+        raise ckpt.CheckpointError(f"{folder}: {exc}") from exc
+
+
+def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
+        pack_weights: bool, lerobot_version: Optional[str] = None) -> Policy:
+    """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
+    tiny_path = ckpt.inside(folder, "tiny_dims.json")
+    tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
+    openpi_layout = openpi.is_openpi_config(config)
+    generation: Optional[generations.Generation] = None
+    if openpi_layout:
+        pi05 = bool(config.get("pi05", False))
+        openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
+        state_norm, action_norm = openpi.openpi_normalizers(folder, pi05)
+        image_size = (tiny or {}).get("image_size", 224)
+        config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
+        tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],
+                   "padding": "max_length"}
+    else:
+        state_norm, action_norm = ckpt.lerobot_normalizers(folder)
+        tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    source = "policy_preprocessor.json tokenizer_processor"
+    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
+    if not openpi_layout:
+        generation = _generation(folder, config, lerobot_version, tok_name)
+    family = pi05_family if config["type"] == "pi05" else pi0_family
+    try:
+        cfg = PiConfig.from_checkpoint(config, tiny)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
+    steps = None if openpi_layout else _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    model_cls = family.Pi05 if family is pi05_family else family.Pi0
+    model = build_model(lambda: model_cls(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(family.key_rules()))
+    if openpi_layout:
+        prompt = openpi_prompt
+    elif family is pi05_family:
+        pad_bins = not generation.transformers5     # LeRobot >= 0.5 bins only the robot's own state dims
+
+        def prompt(task: str, state: np.ndarray) -> str:
+            return pi05_family.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
+    elif steps.newline:
+        def prompt(task: str, state: np.ndarray) -> str:
+            return pi0_family.pi0_prompt(task)
+    else:
+        prompt = _task_prompt
+    size = cfg.image_size[0]
+    if openpi_layout:
+        image_transform = openpi.openpi_image(size)
+    else:
+        pad_value = lerobot_image_pad_value(generation.version)
+
+        def image_transform(img: Tensor) -> Tensor:
+            return prepare_image(img, size, pad_value)
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
+        tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
+        **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, "max_length", source),
+        padding_side=_padding_side(tok_cfg, source), camera_renames={} if steps is None else steps.camera_renames,
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
+        state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
+    return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed, pack_weights,
+                  relative_actions=None if steps is None else steps.relative,
+                  provenance="openpi" if generation is None else generation.describe())
+
+
+def _prompt_settings(tok_cfg: dict, max_length: int, padding: str, source: str) -> dict[str, Any]:
+    """Read ``max_length`` (>= 1) and ``padding`` (``max_length`` or ``longest``) of LeRobot's tokenizer step."""
+    length = ckpt.config_value(tok_cfg, "max_length", int, max_length, source)
+    mode = ckpt.config_value(tok_cfg, "padding", str, padding, source)
+    if length < 1:
+        raise ckpt.CheckpointError(f"{source}: max_length must be >= 1, got {length}")
+    if mode not in ("max_length", "longest"):
+        raise ckpt.CheckpointError(f"{source}: padding must be 'max_length' or 'longest', got {mode!r:.40}")
+    return {"max_length": length, "padding": mode}
+
+
+def _padding_side(tok_cfg: dict, source: str) -> str:
+    """Read ``padding_side`` of LeRobot's tokenizer step (left or right; right when not recorded)."""
+    side = ckpt.config_value(tok_cfg, "padding_side", str, "right", source)
+    if side not in PADDING_SIDES:
+        raise ckpt.CheckpointError(f"{source}: padding_side must be one of {PADDING_SIDES}, got {side!r:.40}")
+    return side
+
+
+def tiny_smolvla_config(camera_names: Sequence[str], state_dim: int, action_dim: int, chunk_size: int,
+                        num_steps: int) -> smolvla.SmolVLAConfig:
+    """Configure a SmolVLA small enough for CPU tests: 4 tokens per camera, 4 VLM and 4 expert layers."""
+    text = DecoderSpec(width=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_width=128)
+    return smolvla.SmolVLAConfig(
+        text=text,
+        expert=DecoderSpec(width=48, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, mlp_width=128),
+        vision=VisionSpec(image_size=32, patch_size=8, width=32, num_layers=2, num_heads=2, mlp_width=64),
+        vocab_size=ByteTokenizer.vocab_size, scale_factor=2, chunk_size=chunk_size, max_state_dim=32,
+        max_action_dim=32, num_steps=num_steps, self_attn_every_n_layers=2, image_size=(32, 32),
+        tokenizer_max_length=32, pad_language_to="max_length",
+        camera_names=tuple(camera_key(c) for c in camera_names), state_dim=state_dim, action_dim=action_dim)
+
+
+def init_weights(model: nn.Module, generator: torch.Generator) -> None:
+    """N(0, 0.02) for linear, conv and embedding weights, zero biases; norms keep their ones."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            with torch.no_grad():
+                module.weight.normal_(0.0, 0.02, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int = 6, action_dim: int = 6,
+                      chunk_size: int = 16, num_steps: int = 5, device: str = "cpu", dtype: str = "float32",
+                      seed: int = 0, attention_backend: str = "sdpa", padding: str = "max_length") -> Policy:
+    """Build the random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
+    if not camera_names:
+        raise ValueError("the tiny policy needs at least one camera")
+    cfg = dataclasses.replace(tiny_smolvla_config(camera_names, state_dim, action_dim, chunk_size, num_steps),
+                              pad_language_to=padding)
+    model = smolvla.SmolVLA(cfg, attention_backend)
+    init_weights(model, torch.Generator().manual_seed(seed))
+    identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}
+    pre = Preprocessor(
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
+        tokenizer=ByteTokenizer(), max_length=cfg.tokenizer_max_length, padding=cfg.pad_language_to,
+        prompt=newline_prompt, state_normalizer=Normalizer("MEAN_STD", identity),
+        state_dim=state_dim, max_state_dim=cfg.max_state_dim)
+    action_norm = Normalizer("MEAN_STD", {"mean": np.zeros(action_dim, np.float32),
+                                          "std": np.ones(action_dim, np.float32)})
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
+    return Policy("tiny", cast_model(model, torch_device, resolve_dtype(dtype)), pre, action_norm, action_dim,
+                  num_steps, torch_device, seed)

@@ -1,0 +1,235 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+ROS 2 bags in MCAP (rosbag2's default storage), read without a ROS install; written for tests.
+
+Reading uses the ``mcap`` and ``mcap-ros2-support`` packages: the schemas in the file (the
+``ros2msg`` definitions rosbag2 stores) decode the CDR messages, so no message package needs
+to be installed. A bag is either one ``.mcap`` file or a rosbag2 folder (``metadata.yaml``
+beside ``<name>_0.mcap``, ``<name>_1.mcap``, ... which are read in order).
+
+Writing (:class:`BagWriter`, used by the tests and the benchmark) serializes with rclpy, as
+``ros2 bag record`` does, and stores each type's definition the way rosbag2 does: the
+type's ``.msg`` text, then every type it uses after a line of ``=`` and ``MSG: pkg/Type``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import os
+from pathlib import Path
+import re
+import sys
+from typing import Any
+
+from mcap.reader import make_reader
+from mcap_ros2.decoder import DecoderFactory
+
+PRIMITIVES = {'bool', 'byte', 'char', 'float32', 'float64', 'int8', 'uint8', 'int16', 'uint16',
+              'int32', 'uint32', 'int64', 'uint64', 'string', 'wstring'}
+SEPARATOR = '=' * 80
+
+
+def bag_files(path: str | os.PathLike) -> list[Path]:
+    """Return the MCAP files of a bag: the file itself, or a rosbag2 folder's, in order."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob('*.mcap'), key=lambda p: [int(t) if t.isdigit() else t
+                                                       for t in re.split(r'(\d+)', p.name)])
+    if not files:
+        raise FileNotFoundError(f'{path} is neither an .mcap file nor a folder holding some')
+    return files
+
+
+def read_messages(path: str | os.PathLike,
+                  topics: set[str] | None = None) -> Iterator[tuple[str, str, Any, int]]:
+    """Yield (topic, type name, decoded message, log time in ns) in log-time order per file."""
+    for file in bag_files(path):
+        with open(file, 'rb') as stream:
+            reader = make_reader(stream, decoder_factories=[DecoderFactory()])
+            for schema, channel, message, decoded in reader.iter_decoded_messages(
+                    topics=None if topics is None else sorted(topics), log_time_order=True):
+                yield channel.topic, schema.name, decoded, message.log_time
+
+
+def topic_types(path: str | os.PathLike) -> dict[str, str]:
+    """Map every topic of the bag to its type name (``sensor_msgs/msg/Image``)."""
+    types = {}
+    for file in bag_files(path):
+        with open(file, 'rb') as stream:
+            summary = make_reader(stream).get_summary()
+        if summary is None:
+            continue
+        for channel in summary.channels.values():
+            types[channel.topic] = summary.schemas[channel.schema_id].name
+    return types
+
+
+def _msg_file(package: str, name: str) -> Path:
+    prefixes = [p for p in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep) if p]
+    for prefix in prefixes + [sys.prefix]:
+        candidate = Path(prefix) / 'share' / package / 'msg' / f'{name}.msg'
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f'no definition of {package}/msg/{name} under AMENT_PREFIX_PATH or {sys.prefix}')
+
+
+def _used_types(text: str, package: str) -> list[str]:
+    used = []
+    for line in text.splitlines():
+        tokens = line.split('#', 1)[0].split()
+        if len(tokens) < 2 or '=' in tokens[1]:        # blank, or a constant
+            continue
+        kind = re.sub(r'(\[.*\]|<=\d+)$', '', tokens[0])
+        if kind in PRIMITIVES or kind.startswith(('string<=', 'wstring<=')):
+            continue
+        if kind == 'Header':
+            kind = 'std_msgs/Header'
+        used.append(kind if '/' in kind else f'{package}/{kind}')
+    return used
+
+
+def message_definition(type_name: str) -> str:
+    """Return rosbag2's stored definition of ``pkg/msg/Type`` (with the types it uses)."""
+    package, _, name = type_name.replace('/msg/', '/').partition('/')
+    main = _msg_file(package, name).read_text()
+    parts, seen, queue = [main], set(), _used_types(main, package)
+    while queue:
+        dependency = queue.pop(0)
+        if dependency in seen:
+            continue
+        seen.add(dependency)
+        dep_package, _, dep_name = dependency.replace('/msg/', '/').partition('/')
+        text = _msg_file(dep_package, dep_name).read_text()
+        parts.append(f'{SEPARATOR}\nMSG: {dep_package}/{dep_name}\n{text}')
+        queue += _used_types(text, dep_package)
+    return '\n'.join(parts)
+
+
+class BagWriter:
+    """Write rclpy messages to an MCAP bag as rosbag2 would (needs rclpy)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from mcap.writer import Writer
+        self._stream = open(path, 'wb')
+        self._writer = Writer(self._stream)
+        self._writer.start(profile='ros2', library='vla_policy_node')
+        self._schemas: dict[str, int] = {}
+        self._channels: dict[str, int] = {}
+
+    def write(self, topic: str, msg: Any, log_time_ns: int) -> None:
+        """Append ``msg`` on ``topic`` logged at ``log_time_ns``."""
+        from rclpy.serialization import serialize_message
+        module = type(msg).__module__.split('.')
+        type_name = f'{module[0]}/msg/{type(msg).__name__}'
+        if type_name not in self._schemas:
+            self._schemas[type_name] = self._writer.register_schema(
+                type_name, 'ros2msg', message_definition(type_name).encode())
+        if topic not in self._channels:
+            self._channels[topic] = self._writer.register_channel(
+                topic, 'cdr', self._schemas[type_name])
+        self._writer.add_message(self._channels[topic], log_time_ns, serialize_message(msg),
+                                 log_time_ns)
+
+    def close(self) -> None:
+        """Finish the file (summary and index)."""
+        self._writer.finish()
+        self._stream.close()
+
+    def __enter__(self) -> BagWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: float = 3.0,
+                            image_size: tuple[int, int] = (48, 64), camera_hz: float = 15.0,
+                            joint_hz: float = 50.0, command_hz: float = 20.0,
+                            task: str = 'pick up the red cube') -> None:
+    """
+    Record a made-up episode for ``settings`` (the node's): what its topics would carry.
+
+    Joints follow slow sines; the commands lead the measured joints by 0.1 s (a teleoperated
+    arm's commands run ahead of its state); cameras are raw or jpeg per
+    ``camera_transports``, of a camera-like scene (``bench.decode.scene``) panning slowly. For
+    the tests and the replay benchmark.
+    """
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    import numpy as np
+
+    from vla_policy_node.bench.decode import scene
+    from vla_policy_node.ros.compressed import camera_topic, rgb_to_compressed
+    from vla_policy_node.ros.conversions import rgb_to_image
+    from vla_policy_node.ros.command_groups import CommandOutputs
+
+    joints = len(settings.joint_names)
+    phases = np.arange(joints) * 0.7
+
+    def position(t: float) -> np.ndarray:
+        return 0.3 * np.sin(0.8 * t + phases)
+
+    class Sink:         # CommandOutputs' view of a node: its messages go to the bag
+        def __init__(self, writer: BagWriter) -> None:
+            self.writer, self.now = writer, 0
+
+        def create_publisher(self, kind, topic, qos):
+            sink = self
+
+            class Publisher:
+                topic_name = topic if topic.startswith('/') else '/' + topic
+
+                def publish(self, msg):
+                    sink.writer.write(self.topic_name, msg, sink.now)
+            return Publisher()
+
+    height, width = image_size
+    base = scene(height, width)
+    with BagWriter(path) as writer:
+        sink = Sink(writer)
+        outputs = CommandOutputs(sink, settings.command_groups, qos=None)
+        events = sorted([(t, 'joints') for t in np.arange(0.0, seconds, 1.0 / joint_hz)]
+                        + [(t, 'camera') for t in np.arange(0.0, seconds, 1.0 / camera_hz)]
+                        + [(t, 'command') for t in np.arange(0.0, seconds, 1.0 / command_hz)])
+        start = 1_700_000_000 * 10**9
+        writer.write('/' + settings.instruction_topic.lstrip('/'), String(data=task), start)
+        for t, kind in events:
+            sink.now = start + int(round(t * 1e9)) + 1
+            if kind == 'joints':
+                writer.write('/' + settings.joint_states_topic.lstrip('/'),
+                             JointState(name=list(settings.joint_names),
+                                        position=position(t).tolist()), sink.now)
+            elif kind == 'command':
+                outputs.publish(position(t + 0.1)[None, :], 1.0 / command_hz)
+            else:
+                rgb = np.roll(base, int(40 * t), axis=1)        # the scene pans slowly
+                for topic, transport in zip(settings.camera_topics, settings.camera_transports):
+                    msg = rgb_to_compressed(rgb, 'jpeg') if transport == 'compressed' else rgb_to_image(rgb)
+                    writer.write('/' + camera_topic(topic, transport).lstrip('/'), msg, sink.now)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a synthetic episode for the node's parameter files (``python -m ...bagfile``)."""
+    import argparse
+
+    from vla_policy_node.replay.cli import settings_from_files
+
+    parser = argparse.ArgumentParser(description='Write a synthetic MCAP episode for vla-policy-replay.')
+    parser.add_argument('output', help='the .mcap file to write')
+    parser.add_argument('--params-file', action='append', default=[], required=True)
+    parser.add_argument('-p', '--param', action='append', default=[], metavar='NAME:=VALUE')
+    parser.add_argument('--seconds', type=float, default=10.0)
+    parser.add_argument('--width', type=int, default=640)
+    parser.add_argument('--height', type=int, default=480)
+    parser.add_argument('--camera-hz', type=float, default=30.0)
+    args = parser.parse_args(argv)
+    settings = settings_from_files(args.params_file, args.param)
+    write_synthetic_episode(args.output, settings, args.seconds, (args.height, args.width),
+                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz)
+    print(f'wrote {args.output}: {args.seconds:g} s, {Path(args.output).stat().st_size / 2**20:.1f} MiB')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,276 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""
+vla-policy-replay: run the policy open-loop on a recorded episode and compare with its commands.
+
+    vla-policy-replay BAG --params-file config/so101.yaml [-p checkpoint:=/path] \\
+        --plot replay.png --json replay.json
+
+The bag (MCAP, a file or a rosbag2 folder) holds the node's inputs (cameras raw or compressed,
+joint states, the instruction) and the commands that were sent (the command groups' topics),
+e.g. a teleoperated demonstration recorded with ``ros2 bag record -s mcap``. The parameter
+files are the node's: they name the topics, the joints, the units of the training data and the
+groups, so the replay sees exactly what the node would.
+
+Every ``--period`` seconds of recorded time (default: one chunk horizon), from the first moment
+every input has arrived, the policy gets the newest recorded observation, as the node would
+hand it over (cameras decoded, state mapped to training units); its chunk, mapped back to
+ROS units, predicts the commands from then on: row i for ``t + i / control_rate_hz``, the
+first ``horizon`` rows. Each predicted row is compared with the recorded command in force at
+its time (the newest one sent at or before it; a trajectory's first point). Open loop: the
+predictions never move the recorded robot, and they are the policy's raw output (no clamp).
+The report gives, per joint in ROS units, the mean absolute, RMS and largest error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+import json
+import math
+from pathlib import Path
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import yaml
+
+from vla_policy_node.replay.bag import read_messages, topic_types
+from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
+from vla_policy_node.ros.conversions import image_to_rgb
+from vla_policy_node.ros.params import NodeSettings, PARAMETERS, ParameterError, settings_from_values
+
+JOINT_STATE = 'sensor_msgs/msg/JointState'
+STRING = 'std_msgs/msg/String'
+TRAJECTORY = 'trajectory_msgs/msg/JointTrajectory'
+FORWARD = 'std_msgs/msg/Float64MultiArray'
+
+
+def absolute(topic: str) -> str:
+    """Resolve a topic as the node without a namespace does (``camera/x`` -> ``/camera/x``)."""
+    return topic if topic.startswith('/') else '/' + topic.lstrip('~/')
+
+
+def settings_from_files(params_files: Sequence[str], overrides: Sequence[str] = ()) -> NodeSettings:
+    """
+    Read the node's parameter files (``/**`` or ``/vla_policy_node`` sections) and ``-p`` values.
+
+    Later sources win, as on the command line; parameters given nowhere take their defaults.
+    """
+    values = {spec.name: spec.default for spec in PARAMETERS
+              if not spec.required and not spec.optional}
+    for path in params_files:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+        for key in ('/**', 'vla_policy_node', '/vla_policy_node'):
+            values.update(_flatten(tree.get(key, {}).get('ros__parameters', {})))
+    for assignment in overrides:
+        name, sep, text = assignment.partition(':=')
+        if not sep:
+            raise ParameterError(f"-p {assignment!r}: write name:=value")
+        values[name] = yaml.safe_load(text)
+    return settings_from_values(values)
+
+
+def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f'{prefix}{key}.'))
+        else:
+            flat[f'{prefix}{key}'] = value
+    return flat
+
+
+@dataclass
+class Replay:
+    """What a replay produced: predictions, recorded commands, per-joint errors."""
+
+    joint_names: tuple[str, ...]
+    predicted_times: np.ndarray                 # (N,) s from the first message
+    predicted: np.ndarray                       # (N, J) ROS units
+    recorded_times: np.ndarray                  # (M,)
+    recorded: np.ndarray                        # (M, J), NaN where a group had no command yet
+    errors: np.ndarray                          # (N, J) predicted - recorded in force, NaN: none
+    chunks: int
+    inference_seconds: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Per joint: mean absolute, RMS and largest error, and the number of compared points."""
+        joints = {}
+        for j, name in enumerate(self.joint_names):
+            error = self.errors[:, j][np.isfinite(self.errors[:, j])]
+            joints[name] = {
+                'mae': float(np.mean(np.abs(error))) if error.size else math.nan,
+                'rmse': float(np.sqrt(np.mean(error ** 2))) if error.size else math.nan,
+                'max_abs': float(np.max(np.abs(error))) if error.size else math.nan,
+                'points': int(error.size)}
+        latency = np.array(self.inference_seconds) * 1e3
+        return {'joints': joints, 'chunks': self.chunks, 'predicted_points': int(len(self.predicted)),
+                'recorded_commands': int(len(self.recorded)),
+                'inference_ms_p50': float(np.median(latency)) if latency.size else math.nan}
+
+
+class _Recorder:
+    """The newest inputs as the node keeps them, and the commands recorded so far."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.joints = {name: i for i, name in enumerate(settings.joint_names)}
+        self.positions = np.full(len(settings.joint_names), np.nan)
+        self.frames: dict[str, tuple[str, Any]] = {}
+        self.instruction: str | None = None
+        self.command = np.full(len(settings.joint_names), np.nan)
+        self.command_times: list[float] = []
+        self.commands: list[np.ndarray] = []
+
+    def ready(self) -> bool:
+        return (self.instruction is not None and len(self.frames) == len(self.settings.camera_names)
+                and bool(np.all(np.isfinite(self.positions))))
+
+    def observation(self) -> dict[str, Any]:
+        images = {}
+        for camera, (kind, msg) in self.frames.items():
+            images[camera] = compressed_to_rgb(msg) if kind == 'compressed' else image_to_rgb(msg)
+        state = self.settings.joint_map.state_to_policy(self.positions).astype(np.float32)
+        return {'images': images, 'state': state, 'task': self.instruction}
+
+    def on_joint_state(self, msg: Any) -> None:
+        for name, value in zip(msg.name, msg.position):
+            if name in self.joints:
+                self.positions[self.joints[name]] = value
+
+    def on_command(self, group: Any, msg: Any, t: float) -> None:
+        if isinstance(getattr(msg, 'points', None), list):
+            if not msg.points:
+                return
+            values = dict(zip(msg.joint_names, msg.points[0].positions))
+            row = [values.get(joint, math.nan) for joint in group.joints]
+        else:
+            row = list(msg.data)
+        if len(row) != len(group.joints):
+            return
+        self.command[list(group.indices)] = row
+        self.command_times.append(t)
+        self.commands.append(self.command.copy())
+
+
+def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None = None) -> Replay:
+    """Run ``policy`` open-loop over ``bag``'s recorded observations; compare with its commands."""
+    dt = 1.0 / settings.control_rate_hz
+    horizon = settings.chunking.horizon or policy.chunk_size
+    period = period or horizon * dt
+    cameras = {absolute(camera_topic(topic, transport)): (name, transport) for topic, name, transport
+               in zip(settings.camera_topics, settings.camera_names, settings.camera_transports)}
+    groups = {absolute(group.topic): group for group in settings.command_groups}
+    joint_topic, instruction_topic = absolute(settings.joint_states_topic), absolute(settings.instruction_topic)
+    present = topic_types(bag)
+    missing = [t for t in [*cameras, joint_topic, instruction_topic, *groups] if t not in present]
+    if missing:
+        raise ValueError(f'the bag has no topics {missing} (it has {sorted(present)})')
+    inputs = _Recorder(settings)
+    start, next_observation = None, None
+    predicted_times, predicted, latencies = [], [], []
+
+    def infer(at: float) -> None:
+        started = time.perf_counter()
+        chunk = np.asarray(policy.predict_action_chunk(inputs.observation()), dtype=np.float64)[0]
+        latencies.append(time.perf_counter() - started)
+        rows = settings.joint_map.action_to_ros(chunk[:horizon])
+        predicted_times.extend(at + dt * np.arange(len(rows)))
+        predicted.extend(rows)
+
+    for topic, _, msg, log_time in read_messages(bag, set(cameras) | set(groups) | {joint_topic, instruction_topic}):
+        start = log_time if start is None else start
+        t = (log_time - start) * 1e-9
+        while next_observation is not None and t > next_observation:
+            infer(next_observation)
+            next_observation += period
+        if topic in cameras:
+            name, transport = cameras[topic]
+            inputs.frames[name] = (transport, msg)
+        elif topic == joint_topic:
+            inputs.on_joint_state(msg)
+        elif topic == instruction_topic:
+            inputs.instruction = msg.data.strip() or None
+        elif topic in groups:
+            inputs.on_command(groups[topic], msg, t)
+        if next_observation is None and inputs.ready():
+            next_observation = t
+    recorded_times = np.array(inputs.command_times)
+    recorded = np.array(inputs.commands).reshape(-1, len(settings.joint_names))
+    times = np.array(predicted_times)
+    predictions = np.array(predicted).reshape(-1, len(settings.joint_names))
+    errors = np.full_like(predictions, np.nan)
+    if len(recorded) and len(times):
+        index = np.searchsorted(recorded_times, times, side='right') - 1
+        valid = index >= 0
+        errors[valid] = predictions[valid] - recorded[index[valid]]
+    return Replay(settings.joint_names, times, predictions, recorded_times, recorded, errors,
+                  chunks=len(latencies), inference_seconds=latencies)
+
+
+def plot(result: Replay, path: str) -> None:
+    """Write a PNG: per joint, the recorded commands and the predicted chunks over time."""
+    import matplotlib
+    matplotlib.use('Agg')
+    from matplotlib import pyplot
+
+    joints = len(result.joint_names)
+    figure, axes = pyplot.subplots(joints, 1, figsize=(10, 1.9 * joints), sharex=True, squeeze=False)
+    summary = result.summary()['joints']
+    for j, (axis, name) in enumerate(zip(axes[:, 0], result.joint_names)):
+        axis.step(result.recorded_times, result.recorded[:, j], where='post', color='black',
+                  linewidth=1.2, label='recorded command')
+        axis.plot(result.predicted_times, result.predicted[:, j], '.', color='tab:orange',
+                  markersize=3, label='predicted (open loop)')
+        axis.set_ylabel(name, fontsize=8)
+        axis.set_title(f"{name}: MAE {summary[name]['mae']:.4g}, max {summary[name]['max_abs']:.4g} "
+                       '(ROS units)', fontsize=8, loc='left')
+    axes[0, 0].legend(fontsize=7, loc='upper right')
+    axes[-1, 0].set_xlabel('time in the bag (s)')
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    pyplot.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``vla-policy-replay``)."""
+    parser = argparse.ArgumentParser(prog='vla-policy-replay', description=__doc__.split('\n\n')[0])
+    parser.add_argument('bag', help='MCAP bag: an .mcap file or a rosbag2 folder')
+    parser.add_argument('--params-file', action='append', default=[], required=True,
+                        help="the node's parameter file(s), later ones win")
+    parser.add_argument('-p', '--param', action='append', default=[], metavar='NAME:=VALUE',
+                        help='one parameter, as with ros2 run (e.g. checkpoint:=/path)')
+    parser.add_argument('--period', type=float, default=None,
+                        help='seconds between observations (default: one horizon)')
+    parser.add_argument('--plot', help='write the PNG plot here')
+    parser.add_argument('--json', help='write the summary here')
+    args = parser.parse_args(argv)
+    from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError   # torch: only now
+    try:
+        settings = settings_from_files(args.params_file, args.param)
+        policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
+                             lambda text: print(f'warning: {text}', file=sys.stderr))
+        result = replay(args.bag, settings, policy, args.period)
+    except (ParameterError, PolicyLoadError, ValueError, OSError) as error:
+        print(f'vla-policy-replay: {error}', file=sys.stderr)
+        return 1
+    summary = result.summary()
+    width = max(len(name) for name in result.joint_names)
+    print(f"{summary['chunks']} chunks, {summary['predicted_points']} predicted points, "
+          f"{summary['recorded_commands']} recorded commands, inference p50 "
+          f"{summary['inference_ms_p50']:.1f} ms")
+    print(f"{'joint':<{width}}  {'MAE':>10}  {'RMSE':>10}  {'max':>10}  points")
+    for name, row in summary['joints'].items():
+        print(f"{name:<{width}}  {row['mae']:>10.5f}  {row['rmse']:>10.5f}  {row['max_abs']:>10.5f}  "
+              f"{row['points']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

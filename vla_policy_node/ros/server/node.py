@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+``vla_policy_server``: one policy serving chunk requests of any number of robots over DDS.
+
+Robots run ``vla_policy_node`` with ``inference: remote``; each keeps its control loop and
+every safety decision (deadline, staleness, episodes, limits) on board. This node only
+computes: it decodes requests from ``~/requests`` (wire format: ``remote_protocol``), hands
+them to the ROS-free :class:`BatchServer`, which runs requests arriving within
+``batch.window`` seconds as one batch (one prefix pass, one denoising loop), and publishes
+each answer on ``~/chunks``. /diagnostics reports batches, mean and largest batch size,
+queue wait and the policy's latencies, at WARN while requests are refused or batches fail.
+
+A request is refused with a fault answer (so the robot holds with the reason at once, not
+after its deadline) when it is malformed but its key (robot, session, ids, observation time)
+can still be read, when its joint names are not the server's ``joint_names`` (in order: actions would drive
+the wrong joints), or when it sends a camera the server's ``camera_names`` does not list. A
+robot sending fewer cameras is served with the missing ones masked, as the node does, and
+logged once per robot.
+
+Parameters: the policy ones of ``vla_policy_node`` (``checkpoint``, ``allow_random_weights``,
+``device``, ``dtype``, ``tiny_model.*``, ``camera_names``, ``joint_names``, ...; the same
+parameter file works) and ``batch.window``, ``batch.max_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import signal
+import threading
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+import numpy as np
+import rclpy
+from rclpy.exceptions import ParameterException, ParameterUninitializedException
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
+from std_msgs.msg import UInt8MultiArray
+
+from vla_policy_node.server.batching import BatchConfig, BatchServer, ServedChunk, ServedRequest
+from vla_policy_node.control.inference import FAULT_RAISED
+from vla_policy_node.runtime.shape_buckets import batch_buckets
+from vla_policy_node.ros.diagnostics import status_prefix
+from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, SPECS
+from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
+from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
+from vla_policy_node.ros.server.protocol import (CHUNKS_TOPIC, decode_request, decode_request_key, encode_chunk,
+                                                 ProtocolError, RequestKey, REQUESTS_TOPIC, WireRequest)
+
+NODE_NAME = 'vla_policy_server'
+POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
+                     'cuda_graphs', 'compile', 'compile_cache_dir', 'num_threads', 'tiny_model.chunk_size',
+                     'tiny_model.num_steps', 'tiny_model.seed', 'camera_names', 'joint_names',
+                     'diagnostics_period')
+SERVER_PARAMETERS = (
+    ParamSpec('batch.window', 0.005, 'Seconds the first queued request waits for others to '
+              'share its batch (one prefix pass, one denoising loop).', bounds=(0.0, 1.0)),
+    ParamSpec('batch.max_size', 16, 'Most requests in one batch. With cuda_graphs or compile, graphs or '
+              'programs are built in the warm-up for batches of 1, 2, 4, ... and this size; a batch '
+              'runs padded to the smallest that holds it.', bounds=(1, MAX_ROBOTS)),
+)
+NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
+                          ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``make_policy`` reads (the names of ``NodeSettings``) and the batching settings."""
+
+    checkpoint: str
+    allow_random_weights: bool
+    checkpoint_root: str
+    device: str
+    dtype: str
+    cuda_graphs: bool
+    torch_compile: bool
+    compile_cache_dir: str
+    num_threads: int
+    tiny_chunk_size: int
+    tiny_num_steps: int
+    tiny_seed: int
+    camera_names: tuple[str, ...]
+    joint_names: tuple[str, ...]
+    diagnostics_period: float
+    batch_window: float
+    batch_max_size: int
+    chunking: ChunkingSettings = NO_RTC     # robots choose blending; compile stays allowed
+
+
+def declare_server_parameters(node: Node) -> ServerSettings:
+    """Declare the server's parameters and return them checked; raises ParameterError."""
+    values = {}
+    for spec in [SPECS[name] for name in POLICY_PARAMETERS] + list(SERVER_PARAMETERS):
+        try:
+            node.declare_parameter(spec.name, spec.default, spec.descriptor())
+            values[spec.name] = node.get_parameter(spec.name).value
+        except ParameterUninitializedException as error:
+            raise ParameterError(
+                f"parameter '{spec.name}' is required: it {spec.requirement()}") from error
+        except ParameterException as error:
+            raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}") from error
+        if spec.choices and values[spec.name] not in spec.choices:
+            raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}")
+    if not values['checkpoint'] and not values['allow_random_weights']:
+        raise ParameterError(
+            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
+            "'checkpoint' (or allow_random_weights: true for plumbing tests)")
+    for name in ('camera_names', 'joint_names'):
+        if not values[name] or len(set(values[name])) != len(values[name]):
+            raise ParameterError(f"parameter '{name}' must list distinct names")
+    return ServerSettings(
+        checkpoint=values['checkpoint'], allow_random_weights=values['allow_random_weights'],
+        checkpoint_root=values['checkpoint_root'], device=values['device'],
+        dtype=values['dtype'], cuda_graphs=values['cuda_graphs'],
+        torch_compile=values['compile'], compile_cache_dir=values['compile_cache_dir'],
+        num_threads=values['num_threads'],
+        tiny_chunk_size=values['tiny_model.chunk_size'],
+        tiny_num_steps=values['tiny_model.num_steps'], tiny_seed=values['tiny_model.seed'],
+        camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
+        diagnostics_period=values['diagnostics_period'],
+        batch_window=values['batch.window'], batch_max_size=values['batch.max_size'])
+
+
+class PolicyServerNode(Node):
+    """Decodes requests, batches them through one policy, publishes every answer."""
+
+    def __init__(self) -> None:
+        super().__init__(NODE_NAME)
+        self._settings = declare_server_parameters(self)
+        self._policy = make_policy(self._settings, self.get_logger().info, self.get_logger().warning,
+                                   batch_sizes=batch_buckets(self._settings.batch_max_size))
+        self._bad_requests = 0
+        self._masked_cameras_logged: set[str] = set()
+        self._troubles_reported = 0
+        self._chunks = self.create_publisher(UInt8MultiArray, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
+        self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
+        self._server = BatchServer(self._policy, self._answer, BatchConfig(
+            self._settings.batch_window, self._settings.batch_max_size, MAX_ROBOTS))
+        self.create_subscription(UInt8MultiArray, f'~/{REQUESTS_TOPIC}', self._on_request,
+                                 REMOTE_FLEET_QOS)
+        self.create_timer(self._settings.diagnostics_period, self._publish_diagnostics)
+        self._server.start()
+        self.get_logger().info(
+            f'ready: serving {self._policy.describe()} on {self.get_fully_qualified_name()}/'
+            f'{REQUESTS_TOPIC}, batch window {self._settings.batch_window * 1e3:g} ms')
+
+    def _on_request(self, msg: UInt8MultiArray) -> None:
+        try:
+            request = decode_request(msg)
+            problem = self._mismatch(request)
+        except ProtocolError as error:
+            request, problem = None, f'malformed request: {error}'
+        if problem is not None:
+            self._refuse(msg, request, problem)
+            return
+        self._server.submit(ServedRequest(request.key.robot, request.key, request.observation, request.rtc))
+
+    def _mismatch(self, request: WireRequest) -> str | None:
+        """Why this server must not serve the request's robot, or None."""
+        settings = self._settings
+        if request.joints != settings.joint_names:
+            return (f'the robot sends joints {list(request.joints)} but the server serves '
+                    f'joint_names {list(settings.joint_names)} (same names, same order)')
+        unknown = sorted(set(request.observation['images']) - set(settings.camera_names))
+        if unknown:
+            return f'cameras {unknown} are not in the server\'s camera_names {list(settings.camera_names)}'
+        missing = sorted(set(settings.camera_names) - set(request.observation['images']))
+        if missing and request.key.robot not in self._masked_cameras_logged:
+            self._masked_cameras_logged.add(request.key.robot)
+            self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
+        return None
+
+    def _refuse(self, msg: UInt8MultiArray, request: WireRequest | None, problem: str) -> None:
+        """Count and log a refused request; answer it with the reason where its key can be read."""
+        self._bad_requests += 1
+        self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)
+        try:
+            key = request.key if request is not None else decode_request_key(msg)
+        except ProtocolError:
+            return              # not even a key: nobody to answer
+        self._publish_answer(key, None, FAULT_RAISED, f'request refused: {problem}')
+
+    def _answer(self, served: ServedChunk) -> None:
+        self._publish_answer(served.request.reply_to, served.chunk, served.fault, served.error,
+                             served.queue_wait, served.compute, served.batch_size)
+
+    def _publish_answer(self, key: RequestKey, chunk: np.ndarray | None, fault: str | None, error: str,
+                        queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> None:
+        self._chunks.publish(encode_chunk(key, chunk, fault, error, queue_wait, compute, batch_size))
+
+    @property
+    def serving(self) -> bool:
+        """Tell whether the batching thread runs."""
+        return self._server.alive
+
+    def _publish_diagnostics(self) -> None:
+        stats = self._server.stats
+        policy = self._policy.stats
+        values = {**stats['counters'], 'bad_requests': self._bad_requests,
+                  'mean_batch_size': f"{stats['mean_batch_size']:.3f}",
+                  'max_batch_size': stats['max_batch_size'],
+                  'queue_wait_mean_ms': f"{stats['queue_wait'][0] * 1e3:.2f}",
+                  'queue_wait_p95_ms': f"{stats['queue_wait'][1] * 1e3:.2f}"}
+        for stage in ('prefix', 'denoise', 'total'):
+            p50, p95 = policy.latency(stage)
+            values[f'batch_{stage}_latency_p50_ms'] = f'{p50 * 1e3:.2f}'
+            values[f'batch_{stage}_latency_p95_ms'] = f'{p95 * 1e3:.2f}'
+        counters = stats['counters']
+        troubles = (self._bad_requests + counters['batch_faults'] + counters['refused_requests']
+                    + counters['answer_errors'])
+        level = DiagnosticStatus.OK if troubles == self._troubles_reported else DiagnosticStatus.WARN
+        self._troubles_reported = troubles
+        array = DiagnosticArray()
+        array.header.stamp = self.get_clock().now().to_msg()
+        name = status_prefix(self.get_fully_qualified_name())
+        array.status.append(DiagnosticStatus(
+            level=level, name=f'{name}: server', hardware_id=name,
+            message=f'serving, {counters["batches"]} batches'
+                    + ('' if level == DiagnosticStatus.OK else
+                       ': requests refused, batches failed or answers unsent since the last report'),
+            values=[KeyValue(key=key, value=str(value)) for key, value in values.items()]))
+        self._diagnostics.publish(array)
+
+    def stop(self) -> bool:
+        """Stop serving after the running batch; True when it has finished."""
+        return self._server.stop(timeout=5.0)
+
+
+def main() -> int:
+    """Run the server until SIGINT/SIGTERM; exit 1 on a configuration error."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        node = PolicyServerNode()
+    except (ParameterError, PolicyLoadError) as error:
+        rclpy.logging.get_logger(NODE_NAME).fatal(f'cannot start: {error}')
+        rclpy.try_shutdown()
+        return 1
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
+    spinner.start()
+    while not stop.wait(0.1) and spinner.is_alive() and node.serving:
+        pass
+    code = 0 if stop.is_set() else 1
+    node.stop()
+    executor.shutdown(timeout_sec=1.0)
+    spinner.join(1.0)
+    node.destroy_node()
+    rclpy.try_shutdown()
+    return code

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+vla-policy-sim-eval: success rate of a policy on the simulated table-top task, through the node and without ROS.
+
+    vla-policy-sim-eval --episodes 50 --seed 100                # the shipped checkpoint, both ways
+    vla-policy-sim-eval --episodes 50 --instruction "touch the red block"   # instruction-blind baseline
+    vla-policy-sim-eval --episodes 50 --random-weights          # same architecture, untrained weights
+
+Through the node: the installed ``vla_policy_node`` runs as a subprocess (config/default.yaml,
+then config/demo.yaml, then the checkpoint) and this process runs the simulated robot
+(``ros.sim.robot``) on the same ROS_DOMAIN_ID, localhost only. Without ROS: the same
+checkpoint through ``load_policy``, driving ``sim.TouchEnv`` in a loop (``sim.rollout``).
+The same seed gives both the same block layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+from vla_policy_node.ament_registration import installed_executable
+from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
+
+
+def package_config(name: str) -> Path:
+    """``config/<name>`` of the source tree, else of the installed share folder."""
+    source = Path(__file__).resolve().parents[2] / 'config' / name
+    if source.is_file():
+        return source
+    from ament_index_python.packages import get_package_share_directory
+    return Path(get_package_share_directory('vla_policy_node')) / 'config' / name
+
+
+def random_weights_copy(checkpoint: Path, folder: Path, seed: int) -> Path:
+    """Copy ``checkpoint`` with its weights re-initialised (same architecture, statistics, tokenizer)."""
+    import torch
+
+    from vla_policy_node.loading.checkpoint import read_json
+    from vla_policy_node.model.families.smolvla import SmolVLA, SmolVLAConfig
+    from vla_policy_node.loading.load import init_weights
+    from vla_policy_node.train.export import VLM_FOLDER, save_weights
+
+    target = folder / 'random_weights'
+    shutil.copytree(checkpoint, target)
+    config = SmolVLAConfig.from_lerobot(read_json(target / 'config.json'),
+                                        read_json(target / VLM_FOLDER / 'config.json'))
+    model = SmolVLA(config)
+    init_weights(model, torch.Generator().manual_seed(seed))
+    save_weights(target, model)
+    return target
+
+
+def run_direct(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str) -> list:
+    """Episodes with the policy called directly (no ROS)."""
+    from vla_policy_node.loading import load_policy
+
+    policy = load_policy(checkpoint, device='cpu')
+    env = TouchEnv(max_steps=max_steps)
+    return evaluate(env, policy_chunk_fn(policy), episodes, seed, execute=max(1, policy.chunk_size // 2),
+                    instruction=instruction or None)
+
+
+def run_dds(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str,
+            ready_timeout: float = 120.0) -> list:
+    """Episodes through the installed node over DDS; the robot runs in this process."""
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from vla_policy_node.ros.sim.robot import SimRobot
+
+    node = subprocess.Popen(
+        [str(installed_executable()), '--ros-args',
+         '--params-file', str(package_config('default.yaml')), '--params-file', str(package_config('demo.yaml')),
+         '-p', f'checkpoint:={checkpoint}', '--log-level', 'ERROR'])
+    rclpy.init()
+    robot = None
+    try:
+        robot = SimRobot(parameter_overrides=[
+            Parameter('episodes', value=episodes), Parameter('seed', value=seed),
+            Parameter('max_steps', value=max_steps), Parameter('instruction', value=instruction)])
+        deadline = time.monotonic() + ready_timeout + episodes * (max_steps * 0.05 + 5.0)
+        while rclpy.ok() and not robot.finished and node.poll() is None and time.monotonic() < deadline:
+            rclpy.spin_once(robot, timeout_sec=0.05)
+        if not robot.finished:
+            raise RuntimeError(f'the DDS run did not finish: {len(robot.reports)} of {episodes} episodes, '
+                               f'node exit code {node.poll()}')
+        return list(robot.reports)
+    finally:
+        if robot is not None:
+            robot.destroy_node()
+        rclpy.try_shutdown()
+        node.terminate()
+        node.wait(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run the requested evaluations and print the success rates."""
+    parser = argparse.ArgumentParser(prog='vla-policy-sim-eval', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--checkpoint', type=Path, default=SHIPPED_CHECKPOINT)
+    parser.add_argument('--episodes', type=int, default=20)
+    parser.add_argument('--seed', type=int, default=100, help='layouts (training used seed 0)')
+    parser.add_argument('--max-steps', type=int, default=100, help='control ticks per episode')
+    parser.add_argument('--instruction', default='', help='send this instead of each episode\'s instruction')
+    parser.add_argument('--random-weights', action='store_true', help='re-initialise the weights (baseline)')
+    parser.add_argument('--no-dds', action='store_true', help='only the run without ROS')
+    parser.add_argument('--no-direct', action='store_true', help='only the run through the node')
+    parser.add_argument('--threads', type=int, default=1, help='torch threads of the run without ROS')
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error('--episodes must be >= 1')
+    import torch
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint.resolve()
+        if args.random_weights:
+            checkpoint = random_weights_copy(checkpoint, Path(tmp), seed=1)
+        label = ('random weights' if args.random_weights else 'trained') + (
+            f', instruction fixed to {args.instruction!r}' if args.instruction else '')
+        rates = {}
+        if not args.no_dds:
+            reports = run_dds(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
+            rates['through the node (DDS)'] = (sum(r.success for r in reports), len(reports),
+                                               np.mean([r.steps for r in reports if r.success] or [np.nan]))
+        if not args.no_direct:
+            results = run_direct(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
+            rates['without ROS'] = (round(success_rate(results) * len(results)), len(results),
+                                    np.mean([r.steps for r in results if r.success] or [np.nan]))
+    print(f'{label}: {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
+    for where, (wins, total, steps) in rates.items():
+        print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%'
+              + (f'   mean steps of successes {steps:.1f}' if wins else ''))
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

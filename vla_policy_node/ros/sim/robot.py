@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+The simulated table-top robot over ROS 2: what `make demo` and the evaluation drive the node with.
+
+It wraps ``sim.TouchEnv`` (a 3-joint planar arm over coloured blocks) like a robot driver
+plus ros2_control: it publishes the top camera (``sensor_msgs/Image``, rgb8) and
+``/joint_states`` with stamps, follows the node's ``JointTrajectory`` points in time as
+joint_trajectory_controller does (or a forward command's position), and runs episodes:
+for each it places new blocks (the arm stays where it is), publishes the instruction
+(reliable, transient local), calls the node's ``~/reset_episode`` and counts control
+ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
+per episode and the success rate, and saves the first episode as a GIF and a PNG strip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray
+import numpy as np
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from vla_policy_node.ros.conversions import rgb_to_image
+from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
+from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
+from vla_policy_node.sim.arm import JOINT_NAMES
+from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim.recording import save_gif, save_strip
+from vla_policy_node.sim.trajectory import TrajectoryFollower
+
+
+@dataclass(frozen=True)
+class EpisodeReport:
+    """One episode as the robot saw it."""
+
+    instruction: str            # the scene's task (what success is checked against)
+    sent: str                   # what was published (differs for the instruction-blind baseline)
+    success: bool
+    steps: int                  # control ticks until the touch or the limit
+    first_command_ms: float     # from the reset call to the first command after it
+    policy_p50_ms: float        # the node's inference latency (p50, last /diagnostics)
+
+
+class SimRobot(Node):
+    """The simulated arm, its camera and the episode loop."""
+
+    def __init__(self, **node_options) -> None:
+        super().__init__('vla_policy_sim_robot', **node_options)
+        declare = self.declare_parameter
+        self._joints = list(declare('joint_names', list(JOINT_NAMES)).value)
+        camera_topic = declare('camera_topic', 'camera/top/image_raw').value
+        camera_rate = declare('camera_rate_hz', 20.0).value
+        physics_rate = declare('joint_state_rate_hz', 100.0).value
+        control_rate = declare('control_rate_hz', 20.0).value
+        interface = declare('command_interface', 'joint_trajectory').value
+        command_topic = declare('command_topic', 'joint_trajectory_controller/joint_trajectory').value
+        policy_node = declare('policy_node', '/vla_policy_node').value
+        self.episodes = declare('episodes', 10).value
+        self._max_steps = declare('max_steps', 100).value
+        self._instruction_override = declare('instruction', '').value
+        self._record = declare('record_prefix', '').value
+        seed = declare('seed', 0).value
+        self.duration = declare('duration', 0.0).value
+        self._env = TouchEnv(dt=1.0 / control_rate, max_steps=self._max_steps, joint_names=tuple(self._joints))
+        self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
+        self._rng = np.random.default_rng(seed)
+        self._follower = TrajectoryFollower(len(self._joints))
+        self.reports: list[EpisodeReport] = []
+        self.finished = False
+        self._phase = 'waiting'
+        self._episode_start = 0.0
+        self._first_command: float | None = None
+        self._success = False
+        self._frames: list[np.ndarray] = []
+        self._last_physics = time.monotonic()
+        self._policy: dict[str, str] = {}                # the node's latest policy status
+        # The node's status name, from its name resolved as the reset service's is (namespaces).
+        self._policy_status = f"{status_prefix(self.resolve_service_name(policy_node))}: policy"
+        self._waits_logged: set[str] = set()           # each wait is said once
+        self._waiting_since = time.monotonic()
+        self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
+        self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
+        self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
+        self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
+        if interface == 'joint_trajectory':
+            self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
+        else:
+            self.create_subscription(Float64MultiArray, command_topic, self._on_forward, COMMAND_QOS)
+        self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
+        self.create_timer(1.0 / physics_rate, self._on_physics_tick)
+        self.create_timer(1.0 / camera_rate, self._on_camera_tick)
+        self.create_timer(1.0 / control_rate, self._on_episode_tick)
+
+    # ------------------------------------------------------------------ commands
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        if not msg.points:
+            return
+        try:
+            order = [list(msg.joint_names).index(name) for name in self._joints]
+        except ValueError:
+            self.get_logger().warning(f'trajectory joints {list(msg.joint_names)} do not name {self._joints}')
+            return
+        times = [p.time_from_start.sec + 1e-9 * p.time_from_start.nanosec for p in msg.points]
+        points = np.asarray([p.positions for p in msg.points])[:, order]
+        self._follow(times, points)
+
+    def _on_forward(self, msg: Float64MultiArray) -> None:
+        self._follow([self._env.dt], np.asarray(msg.data)[None, :])
+
+    def _follow(self, times: list[float], points: np.ndarray) -> None:
+        now = time.monotonic()
+        try:
+            self._follower.set(now, self._env.q, np.asarray(times), points)
+        except ValueError as error:
+            self.get_logger().warning(f'ignoring command: {error}')
+            return
+        if self._phase == 'running' and self._first_command is None:
+            self._first_command = now
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        values = diagnostics_to_dict(msg).get(self._policy_status)
+        if values is not None:
+            self._policy = values
+
+    def _node_ready(self) -> bool:
+        """
+        Tell whether the policy node can serve an episode: its reset service is up and it reports.
+
+        A node with ``inference: remote`` also needs its server (``remote_servers_matched``):
+        episodes started while the server still loads would fail for want of a policy.
+        """
+        if not self._reset.service_is_ready() or not self._policy:
+            if time.monotonic() - self._waiting_since > 10.0:
+                self._say_waiting(f"for the policy node: its reset service and its /diagnostics "
+                                  f"status '{self._policy_status}'")
+            return False
+        if self._policy.get('remote_servers_matched', '1') == '0':
+            self._say_waiting('for the policy server of the node')
+            return False
+        return True
+
+    def _say_waiting(self, what: str) -> None:
+        if what not in self._waits_logged:
+            self._waits_logged.add(what)
+            self.get_logger().info(f'waiting {what}')
+
+    # ------------------------------------------------------------------ physics and sensors
+    def _on_physics_tick(self) -> None:
+        now = time.monotonic()
+        desired = self._follower.desired(now)
+        if desired is not None:
+            self._env.move_toward(desired, now - self._last_physics)
+        self._last_physics = now
+        if self._phase == 'running' and self._env.is_touching():
+            self._success = True
+        msg = JointState(name=self._joints, position=self._env.q.tolist())
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._joint_pub.publish(msg)
+
+    def _on_camera_tick(self) -> None:
+        frame = self._env.render()
+        msg = rgb_to_image(frame, frame_id='top_camera')
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._camera_pub.publish(msg)
+        if self._phase == 'running' and self._record and not self.reports:
+            self._frames.append(frame)
+
+    # ------------------------------------------------------------------ episodes
+    def _on_episode_tick(self) -> None:
+        if self._phase == 'waiting':
+            if self._node_ready():
+                self._start_episode()
+            return
+        if self._phase != 'running':
+            return
+        steps = int((time.monotonic() - self._episode_start) / self._env.dt)
+        if self._success or steps >= self._max_steps:
+            self._finish_episode(min(steps, self._max_steps))
+
+    def _start_episode(self) -> None:
+        self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
+        self._follower.clear()
+        self._on_camera_tick()                           # the new layout before the new task
+        sent = self._instruction_override or self._env.scene.instruction
+        self._instruction_pub.publish(String(data=sent))
+        self._reset.call_async(Trigger.Request())
+        self._episode_start = time.monotonic()
+        self._first_command = None
+        self._success = False
+        self._phase = 'running'
+
+    def _finish_episode(self, steps: int) -> None:
+        first = self._first_command
+        report = EpisodeReport(
+            instruction=self._env.scene.instruction,
+            sent=self._instruction_override or self._env.scene.instruction,
+            success=self._success, steps=steps,
+            first_command_ms=float('nan') if first is None else 1e3 * (first - self._episode_start),
+            policy_p50_ms=float(self._policy.get('total_latency_p50_ms', 'nan')))
+        self.reports.append(report)
+        print(format_report(len(self.reports), self.episodes, report), flush=True)
+        if len(self.reports) == 1 and self._record:
+            self._save_recording()
+        if len(self.reports) >= self.episodes > 0:
+            self._phase = 'done'
+            self.finished = True
+        else:
+            self._start_episode()
+
+    def _save_recording(self) -> None:
+        if not self._frames:
+            return
+        gif, png = Path(self._record + '.gif'), Path(self._record + '.png')
+        save_gif(self._frames, gif, self._env.dt)
+        save_strip(self._frames, png)
+        print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
+
+    def summary(self) -> str:
+        """Return the success rate line."""
+        done = len(self.reports)
+        wins = sum(r.success for r in self.reports)
+        if not done:
+            return 'no episode finished: is vla_policy_node running with the same ROS_DOMAIN_ID?'
+        return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}% (through vla_policy_node over DDS)'
+
+
+def format_report(index: int, total: int, report: EpisodeReport) -> str:
+    """One line per episode, for a person."""
+    blind = '' if report.sent == report.instruction else f' (sent {report.sent!r})'
+    # No command in the episode, or no /diagnostics yet (the node reports once per period).
+    first = f'{report.first_command_ms:6.1f} ms' if np.isfinite(report.first_command_ms) else '  none'
+    p50 = f'{report.policy_p50_ms:.1f} ms' if np.isfinite(report.policy_p50_ms) else 'not reported yet'
+    return (f'episode {index:>3}/{total}: {report.instruction!r:<26}{blind} '
+            f"{'SUCCESS' if report.success else 'failure'}  steps {report.steps:>3}  "
+            f'first command {first}  policy p50 {p50}')
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run ``episodes`` episodes (0 = until Ctrl-C or ``duration``), then print the success rate."""
+    rclpy.init(args=args)
+    robot = SimRobot()
+    started = time.monotonic()
+    try:
+        while rclpy.ok() and not robot.finished and (
+                robot.duration <= 0.0 or time.monotonic() - started < robot.duration):
+            rclpy.spin_once(robot, timeout_sec=0.05)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    print(robot.summary(), flush=True)
+    robot.destroy_node()
+    rclpy.try_shutdown()
+    return 0 if robot.finished or robot.episodes <= 0 else 1

@@ -1,0 +1,232 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+Serve chunk requests of several robots from one policy: requests close in time share a batch.
+
+The first request waits at most ``window`` seconds for others (or until ``max_batch`` have
+come); then the batch runs as one ``Policy.predict_action_chunks`` call: one prefix pass over
+every robot's observation (the prefix cache is filled once per batch and frozen: denoising
+only reads it) and one denoising loop, each robot with its own instruction and its own
+real-time chunking guidance. Requests that cannot share a pass (other cameras or frame sizes)
+run as batches of their own, so a batch never mixes shapes.
+
+A robot has at most one request queued: a newer one replaces it (the older observation would
+only be stale by the time it ran). At most ``max_queued`` robots wait at once; a request
+beyond that is answered at once with a fault, so a flood of robots cannot exhaust memory. A
+batch that raises runs again one request at a time, so a malformed observation faults only
+its own robot; an answer that cannot be sent is counted and the others still go out. The
+server has no per-robot state between requests: each pass rebuilds the cache from the
+observations, so an episode reset on a robot needs nothing here. Every safety decision
+(deadline, staleness, episodes) stays on the robot. Plain threading: no ROS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from vla_policy_node.control.chunking import RTCGuidance
+from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED
+
+SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
+                   'refused_requests', 'answer_errors')
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """
+    One robot's request, as the server received it.
+
+    client: the robot's unique name; reply_to: what its answer must carry back (returned as it
+    came, never interpreted here). observation: images {camera: (H, W, 3) uint8}, state (D,),
+    task. received_at: the server's clock on arrival (set by ``submit``).
+    """
+
+    client: str
+    reply_to: Any
+    observation: dict[str, Any]
+    rtc: RTCGuidance | None
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServedChunk:
+    """
+    The answer to one request: chunk (T, A) float32, or None with ``fault`` and ``error``.
+
+    queue_wait: seconds from arrival to the start of its batch; compute: seconds of the
+    batch's policy call; batch_size: requests in that pass.
+    """
+
+    request: ServedRequest
+    chunk: np.ndarray | None
+    fault: str | None
+    error: str
+    queue_wait: float
+    compute: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How long a first request waits for company, the largest batch, the most robots waiting."""
+
+    window: float = 0.005       # seconds
+    max_batch: int = 16
+    max_queued: int = 256
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.window <= 1.0):
+            raise ValueError(f'window must be in [0, 1] s, got {self.window}')
+        if self.max_batch < 1:
+            raise ValueError(f'max_batch must be >= 1, got {self.max_batch}')
+        if self.max_queued < self.max_batch:
+            raise ValueError(f'max_queued must be >= max_batch ({self.max_batch}), got {self.max_queued}')
+
+
+class BatchServer:
+    """One thread that batches queued requests and hands each answer to ``on_chunk``."""
+
+    def __init__(self, policy: Any, on_chunk: Callable[[ServedChunk], None], config: BatchConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._policy = policy
+        self._on_chunk = on_chunk
+        self._config = config
+        self._clock = clock
+        self._condition = threading.Condition()
+        self._queue: dict[str, ServedRequest] = {}     # client -> its newest request, arrival order
+        self._stopping = False
+        self._counters = dict.fromkeys(SERVER_COUNTERS, 0)
+        self._batched_requests = 0
+        self._max_batch_seen = 0
+        self._queue_waits: list[float] = []
+        self._thread = threading.Thread(target=self._run, name='vla_batch_server', daemon=True)
+
+    def start(self) -> None:
+        """Start serving."""
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Tell whether the serving thread runs."""
+        return self._thread.is_alive()
+
+    def submit(self, request: ServedRequest) -> None:
+        """Queue a request; it replaces one of the same client still waiting, or is refused when full."""
+        request = replace(request, received_at=self._clock())
+        with self._condition:
+            if self._stopping:
+                return
+            self._counters['requests'] += 1
+            full = request.client not in self._queue and len(self._queue) >= self._config.max_queued
+            if full:
+                self._counters['refused_requests'] += 1
+            else:
+                if self._queue.pop(request.client, None) is not None:
+                    self._counters['superseded_requests'] += 1
+                self._queue[request.client] = request
+                self._condition.notify()
+        if full:
+            self._deliver(ServedChunk(request, None, FAULT_RAISED,
+                                      f'server overloaded: {self._config.max_queued} robots already wait',
+                                      0.0, 0.0, 0))
+
+    def stop(self, timeout: float) -> bool:
+        """Stop after the running batch; True when the thread has finished."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Return counters, mean and largest batch size, and queue wait (mean, p95) in seconds."""
+        with self._condition:
+            batches = self._counters['batches']
+            waits = np.array(self._queue_waits[-1000:])
+            return {'counters': dict(self._counters),
+                    'mean_batch_size': self._batched_requests / batches if batches else 0.0,
+                    'max_batch_size': self._max_batch_seen,
+                    'queue_wait': (float(waits.mean()), float(np.percentile(waits, 95)))
+                    if len(waits) else (float('nan'), float('nan'))}
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(lambda: self._stopping or self._queue)
+                if self._stopping:
+                    return
+                first = next(iter(self._queue.values()))
+                self._condition.wait_for(
+                    lambda: self._stopping or len(self._queue) >= self._config.max_batch,
+                    timeout=max(0.0, first.received_at + self._config.window - self._clock()))
+                if self._stopping:
+                    return
+                taken = list(self._queue.values())[:self._config.max_batch]
+                for request in taken:
+                    del self._queue[request.client]
+            for group in _compatible_groups(taken):
+                self._serve(group)
+
+    def _serve(self, batch: list[ServedRequest]) -> None:
+        started = self._clock()
+        passes_before = self._policy.stats.prefix_passes
+        try:
+            chunks = self._policy.predict_action_chunks(
+                [r.observation for r in batch], [r.rtc for r in batch])
+            answers = [(chunk, *_judge(chunk)) for chunk in chunks]
+        except Exception as error:  # noqa: B902 - one robot's bad input must not stop the server
+            if len(batch) > 1:
+                self._count_fault()
+                for request in batch:
+                    self._serve([request])
+                return
+            answers = [(None, FAULT_RAISED, f'{type(error).__name__}: {error}')]
+        compute = self._clock() - started
+        with self._condition:
+            self._counters['batches'] += 1
+            self._counters['prefix_passes'] += self._policy.stats.prefix_passes - passes_before
+            self._batched_requests += len(batch)
+            self._max_batch_seen = max(self._max_batch_seen, len(batch))
+            waits = [started - r.received_at for r in batch]
+            self._queue_waits = self._queue_waits[-999:] + waits
+        for request, wait, (chunk, fault, text) in zip(batch, waits, answers):
+            self._deliver(ServedChunk(request, None if fault else chunk, fault, text, wait, compute,
+                                      len(batch)))
+
+    def _deliver(self, answer: ServedChunk) -> None:
+        """Hand one answer on; a failure to send it must not stop serving the others."""
+        try:
+            self._on_chunk(answer)
+        except Exception:  # noqa: B902 - the robot sees a missing answer as late and holds
+            with self._condition:
+                self._counters['answer_errors'] += 1
+
+    def _count_fault(self) -> None:
+        with self._condition:
+            self._counters['batch_faults'] += 1
+
+
+def _judge(chunk: np.ndarray) -> tuple[str | None, str]:
+    if np.all(np.isfinite(chunk)):
+        return None, ''
+    bad = int(np.count_nonzero(~np.isfinite(chunk)))
+    return FAULT_NON_FINITE, f'{bad} of {chunk.size} actions are not finite'
+
+
+def _compatible_groups(requests: list[ServedRequest]) -> list[list[ServedRequest]]:
+    """Split requests into groups that can share one pass: same cameras, frame shapes, state shape."""
+    groups: dict[tuple, list[ServedRequest]] = {}
+    for request in requests:
+        observation = request.observation
+        images = observation.get('images') or {}
+        key = (tuple(sorted((name, np.shape(frame)) for name, frame in images.items())),
+               np.shape(observation.get('state')))
+        groups.setdefault(key, []).append(request)
+    return list(groups.values())
