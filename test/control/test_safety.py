@@ -12,27 +12,32 @@ def limits(max_step: float = 0.1) -> MotionLimits:
                         max_velocity=np.array([1.0, 4.0]), max_step=max_step)
 
 
+def clamp(limits: MotionLimits, command, previous, dt: float):
+    """Clamp one command through the gate's ``clamp_sequence`` (what ``MotionLimits.clamp`` did)."""
+    safe, clamped = limits.clamp_sequence(np.reshape(command, (1, -1)), previous, dt, what='command')
+    return safe[0], int(clamped[0])
+
+
 def test_command_inside_limits_is_unchanged():
-    safe, clamped = limits().clamp(np.array([0.05, 0.1]), np.zeros(2), dt=0.05)
+    safe, clamped = clamp(limits(), np.array([0.05, 0.1]), np.zeros(2), dt=0.05)
     np.testing.assert_array_equal(safe, [0.05, 0.1])
     assert clamped == 0
 
 
 def test_position_limits_then_step_limit():
-    safe, clamped = limits(max_step=10.0).clamp(np.array([5.0, -0.1]), np.array([0.98, 0.0]),
-                                                dt=0.05)
+    safe, clamped = clamp(limits(max_step=10.0), np.array([5.0, -0.1]), np.array([0.98, 0.0]), dt=0.05)
     np.testing.assert_allclose(safe, [1.0, -0.1])
     assert clamped == 1
 
 
 def test_step_is_the_smaller_of_velocity_and_max_step():
-    safe, clamped = limits(max_step=0.1).clamp(np.array([0.9, 1.9]), np.zeros(2), dt=0.05)
+    safe, clamped = clamp(limits(max_step=0.1), np.array([0.9, 1.9]), np.zeros(2), dt=0.05)
     np.testing.assert_allclose(safe, [0.05, 0.1])  # 1.0 * 0.05, then max_step 0.1 < 4 * 0.05
     assert clamped == 2
 
 
 def test_robot_outside_limits_walks_back_at_the_allowed_rate():
-    safe, _ = limits().clamp(np.array([1.5, 0.0]), np.array([1.5, 0.0]), dt=0.05)
+    safe, _ = clamp(limits(), np.array([1.5, 0.0]), np.array([1.5, 0.0]), dt=0.05)
     np.testing.assert_allclose(safe, [1.45, 0.0])
 
 
@@ -44,12 +49,12 @@ def test_robot_outside_limits_walks_back_at_the_allowed_rate():
 ])
 def test_non_finite_or_misshaped_input_fails_closed(command, previous):
     with pytest.raises(SafetyError):
-        limits().clamp(np.array(command), np.array(previous), dt=0.05)
+        clamp(limits(), np.array(command), np.array(previous), dt=0.05)
 
 
 def test_non_positive_dt_fails_closed():
     with pytest.raises(SafetyError, match='dt must be positive'):
-        limits().clamp(np.zeros(2), np.zeros(2), dt=0.0)
+        clamp(limits(), np.zeros(2), np.zeros(2), dt=0.0)
 
 
 @pytest.mark.parametrize('kwargs, message', [

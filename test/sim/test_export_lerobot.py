@@ -26,7 +26,7 @@ from vla_policy_node.train.cli import main as train_main
 
 # Every field of LeRobot's SmolVLAConfig, in the order draccus writes them: the keys of config.json written
 # by ``SmolVLAConfig()._save_pretrained(folder)`` with lerobot==0.4.4 (transformers 4.57.6) and with
-# lerobot==0.6.1 (transformers 5.5.4), installed from PyPI (tools/lerobot/export_setup_lerobot044.sh,
+# lerobot==0.6.1 (transformers 5.5.4), installed from PyPI (tools/lerobot/setup_env.sh 0.4.4 .venv-lerobot044,
 # tools/lerobot/setup_env.sh). draccus refuses a config.json with any other key.
 SMOLVLA_FIELDS_044 = [
     "type", "n_obs_steps", "input_features", "output_features", "device", "use_amp", "use_peft", "push_to_hub",

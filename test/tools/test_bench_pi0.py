@@ -10,7 +10,7 @@ import pytest
 from safetensors import safe_open
 import torch
 
-from vla_policy_node.bench import checkpoints, cli
+from vla_policy_node.bench import checkpoints, cli, measure, memory
 from vla_policy_node.model import packed_linear
 from vla_policy_node.loading.checkpoint import read_safetensors_header
 from vla_policy_node.model.families import pi0 as pi0_family
@@ -147,7 +147,7 @@ def test_pi0_checkpoint_loads_with_load_policy(small, tmp_path, dtype):
     assert actions.shape == (1, 50, checkpoints.ACTION_DIM) and np.isfinite(actions).all()
     assert policy.runtime.cache.seq_length() == 2 * 256 + int(mask[0].sum())
     # the memory estimate's run-time figures are what the loaded policy holds
-    est = checkpoints.memory_estimate("pi0", 2, dtype)
+    est = memory.memory_estimate("pi0", 2, dtype)
     held = cli.tensor_bytes(policy.model)
     assert (est.weights, est.packed) == (held["weights"], held["packed"])
     assert (held["packed"] > 0) == packed_linear.dtype_supported(getattr(torch, dtype))   # bf16: AVX-512 only
@@ -161,7 +161,7 @@ def test_flop_count_includes_packed_matmuls(small, tmp_path):
         assert (cli.tensor_bytes(policy.model)["packed"] > 0) == pack
         obs, noise = cli.make_observation(policy, (480, 640), 0)
         inputs = policy.preprocessor(obs)
-        counts.append(cli.count_flops(policy, inputs, torch.from_numpy(noise)))
+        counts.append(measure.count_flops(policy, inputs, torch.from_numpy(noise)))
     assert counts[0] == counts[1]
     # a lower bound: the VLM's linears over 256 + 48 prefix tokens (the last layer's MLP is skipped)
     w, d, hd = SMALL_DIMS["vlm"]["width"], SMALL_DIMS["vlm"]["depth"], SMALL_DIMS["vlm"]["head_dim"]

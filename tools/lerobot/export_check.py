@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run an exported checkpoint through LeRobot itself and write the action chunk it computes.
 
-Run with a LeRobot venv's python (tools/lerobot/setup_env.sh, tools/lerobot/export_setup_lerobot044.sh):
+Run with a LeRobot venv's python (tools/lerobot/setup_env.sh VERSION DIR):
 
     .venv-lerobot044/bin/python tools/lerobot/export_check.py CHECKPOINT INPUTS OUTPUT
 

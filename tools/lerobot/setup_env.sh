@@ -4,6 +4,7 @@
 #
 #   tools/lerobot/setup_env.sh 0.6.1 .venv-lerobot061
 #   tools/lerobot/setup_env.sh 0.5.1 .venv-lerobot051
+#   tools/lerobot/setup_env.sh 0.4.4 .venv-lerobot044      # transformers 4.57.6; for export_check.py
 #
 # Rerunnable and idempotent: an existing venv is reused, pip skips what is already satisfied, and the
 # Python-3.11 source patch only touches files that do not compile yet.
@@ -32,12 +33,15 @@ export HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Only the packages that the smolvla / pi0 / pi05 policy + processor paths import (LeRobot's core
 # requirements minus dataset/robot/video/logging ones, plus the `smolvla` and `pi` extras).
 case "$VERSION" in
+  0.4.*) PKGS=(numpy huggingface-hub safetensors "transformers==4.57.6" draccus einops packaging termcolor tqdm
+              requests pillow scipy num2words accelerate opencv-python-headless gymnasium deepdiff jsonlines
+              datasets pandas pyarrow imageio diffusers pyserial av) ;;
   0.6.*) PKGS=(numpy huggingface-hub safetensors transformers draccus einops packaging termcolor tqdm requests
               pillow scipy num2words accelerate opencv-python-headless gymnasium) ;;
   0.5.*) PKGS=(numpy huggingface-hub safetensors transformers draccus einops packaging termcolor tqdm requests
               pillow scipy num2words accelerate opencv-python-headless gymnasium deepdiff
               pandas pyarrow datasets av imageio diffusers pyserial) ;;
-  *) echo "unsupported LeRobot version $VERSION (expected 0.5.x or 0.6.x)" >&2; exit 2 ;;
+  *) echo "unsupported LeRobot version $VERSION (expected 0.4.x, 0.5.x or 0.6.x)" >&2; exit 2 ;;
 esac
 
 if [ ! -x "$DIR/bin/python" ]; then

@@ -14,7 +14,8 @@ a Gemma 300M action expert, 224x224 cameras), about 3.5 B parameters in the
 file. It is built directly in the checkpoint dtype (bfloat16 when the bench
 runs bfloat16) and streamed to disk one tensor at a time, so writing it holds
 one copy of the weights. ``memory_estimate`` says beforehand how much RAM
-writing, loading and running a configuration takes.
+writing, loading and running a configuration takes
+(``memory.py``).
 """
 
 from __future__ import annotations
@@ -32,15 +33,11 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
-from torch import nn
 
-from vla_policy_node.model import packed_linear
-from vla_policy_node.model.blocks import fuse_projections, packing_targets
 from vla_policy_node.model.families import pi0 as pi0_family
 from vla_policy_node.model.families import smolvla
 from vla_policy_node.model.families.paligemma import PiConfig
 from vla_policy_node.loading.load import init_weights
-from vla_policy_node.model.precision import keep_float32
 from vla_policy_node.loading.weights import prefix_key_map
 
 VLM_DIR = "vlm"
@@ -474,76 +471,3 @@ def save_random_pi0_checkpoint(folder: Path, cameras: int, seed: int = 0, dtype:
         info.update(build_s=t1 - t0, save_s=time.perf_counter() - t1, dtype=dtype, file_bytes=nbytes,
                     params_in_file=params + sum(int(np.prod(t.shape)) for t in extra.values()))
     return folder
-
-
-# ------------------------------------------------------------------------------------ memory estimate
-
-WORKING_BYTES = 1 << 30
-"""Beyond the weights: torch itself, activations, allocator slack (1 GiB; pi0 with 3 cameras needs less)."""
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes a bench configuration needs, phase by phase (see ``memory_estimate``)."""
-
-    save: int            # writing the random checkpoint (one copy in the file's dtype, plus what is serialized)
-    load: int            # load_policy: the model is built in float32 first, then cast (loading/load.py)
-    weights: int         # parameters at run time, float32 islands included
-    packed: int          # oneDNN-packed copies of the CPU linears (model/packed_linear.py)
-    working: int = WORKING_BYTES
-    device: str = "cpu"
-
-    @property
-    def host_peak(self) -> int:
-        """Peak host RAM over the whole bench."""
-        run = self.weights + self.packed if self.device == "cpu" else 0
-        return max(self.save, self.load, run) + self.working
-
-    def as_dict(self) -> dict:
-        gib = {k: v / 2**30 for k, v in vars(self).items() if isinstance(v, int)}
-        return {**{f"{k}_gib": v for k, v in gib.items()}, "host_peak_gib": self.host_peak / 2**30,
-                "device": self.device}
-
-
-def packed_bytes_estimate(model: nn.Module) -> int:
-    """Bytes ``blocks.pack_linears`` adds for ``model`` (dtypes final, projections not yet fused)."""
-    fuse_projections(model)
-    return sum(w.numel() * w.element_size() for _, _, w in packing_targets(model) if packed_linear.worth_packing(w))
-
-
-def memory_estimate(name: str, cameras: int, dtype: str, device: str = "cpu", pack: bool = True) -> MemoryEstimate:
-    """
-    Estimate the RAM the bench needs for configuration ``name`` from a model built on the meta device.
-
-    Phases: writing the checkpoint, ``load_policy`` (float32 build + the largest tensor read from
-    the file), and the run (weights in their run-time dtypes + packed copies on the CPU).
-    """
-    if name in PI0_CONFIGS:
-        model_cfg = pi0_model_config(cameras, PI0_DIMS_OVERRIDE)
-
-        def factory() -> nn.Module:
-            return pi0_family.Pi0(model_cfg)
-        file_dtype = TORCH_DTYPES[dtype]
-        vocab, width = model_cfg.backbone.vocab_size, model_cfg.backbone.expert.width
-        extra = vocab * width                          # the expert's LM head, made while the model is alive
-        serialize = 0                                  # streamed
-    else:
-        cfg, vlm = lerobot_config(name, cameras)
-        smol_cfg = smolvla.SmolVLAConfig.from_lerobot(cfg, vlm)
-
-        def factory() -> nn.Module:
-            return smolvla.SmolVLA(smol_cfg)
-        file_dtype, extra, serialize = torch.float32, 0, 1    # save_file serializes a second copy
-    with torch.device("meta"):
-        model = factory()
-    params = [p.numel() for p in model.parameters()]
-    file_el = _element_size(file_dtype)
-    save = sum(params) * file_el * (1 + serialize) + extra * file_el
-    load = sum(params) * 4 + max(params) * file_el
-    model.to(dtype=TORCH_DTYPES[dtype])
-    if dtype != "float32":
-        keep_float32(model, getattr(model, "FLOAT32_MODULES", ()))
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    on_cpu = device == "cpu"
-    packed = packed_bytes_estimate(model) if pack and on_cpu else 0
-    return MemoryEstimate(save=save, load=load, weights=weights, packed=packed, device="cpu" if on_cpu else device)

@@ -2,7 +2,7 @@
 """
 Motion limits, finiteness and staleness checks for joint commands; pure numpy, fail closed.
 
-The control loop (``control_loop.py``) applies these to every command before it leaves. They
+The control loop (``loop.py``, its gate ``gate.Gate.emit``) applies these to every command before it leaves. They
 never import rclpy, so the same rules are unit-tested without ROS.
 
 Clamping order matters. The target is first clipped into the position limits, then the step
@@ -167,17 +167,6 @@ class MotionLimits:
             return (f'max_step {self.max_step:g} is larger than {envelope.max_step:g} given at '
                     'start, which may only be tightened at run time')
         return None
-
-    def clamp(self, command: np.ndarray, previous: np.ndarray,
-              dt: float) -> tuple[np.ndarray, int]:
-        """
-        Limit ``command`` (J,) to the position limits and to one step from ``previous`` (J,).
-
-        Returns the safe command and how many joints were changed by either limit. Raises
-        :class:`SafetyError` on a wrong shape, non-finite input or a non-positive ``dt``.
-        """
-        safe, clamped = self.clamp_sequence(np.reshape(command, (1, -1)), previous, dt, what='command')
-        return safe[0], int(clamped[0])
 
     def clamp_sequence(self, commands: np.ndarray, previous: np.ndarray,
                        dt: float, what: str = 'commands') -> tuple[np.ndarray, np.ndarray]:

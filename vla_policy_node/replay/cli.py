@@ -39,12 +39,10 @@ import yaml
 from vla_policy_node.replay.bag import read_messages, topic_types
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import image_to_rgb
-from vla_policy_node.ros.params import NodeSettings, PARAMETERS, ParameterError, settings_from_values
+from vla_policy_node.ros.params import (NodeSettings, PARAMETERS, ParameterError, read_params_file,
+                                        settings_from_values)
 
-JOINT_STATE = 'sensor_msgs/msg/JointState'
-STRING = 'std_msgs/msg/String'
-TRAJECTORY = 'trajectory_msgs/msg/JointTrajectory'
-FORWARD = 'std_msgs/msg/Float64MultiArray'
+NODE = '/vla_policy_node'     # the node whose sections of the parameter files apply (no namespace)
 
 
 def absolute(topic: str) -> str:
@@ -54,32 +52,20 @@ def absolute(topic: str) -> str:
 
 def settings_from_files(params_files: Sequence[str], overrides: Sequence[str] = ()) -> NodeSettings:
     """
-    Read the node's parameter files (``/**`` or ``/vla_policy_node`` sections) and ``-p`` values.
+    Read the node's parameter files (the sections rcl applies to ``/vla_policy_node``) and ``-p`` values.
 
     Later sources win, as on the command line; parameters given nowhere take their defaults.
     """
     values = {spec.name: spec.default for spec in PARAMETERS
               if not spec.required and not spec.optional}
     for path in params_files:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
-        for key in ('/**', 'vla_policy_node', '/vla_policy_node'):
-            values.update(_flatten(tree.get(key, {}).get('ros__parameters', {})))
+        values.update(read_params_file(path, NODE))
     for assignment in overrides:
         name, sep, text = assignment.partition(':=')
         if not sep:
             raise ParameterError(f"-p {assignment!r}: write name:=value")
         values[name] = yaml.safe_load(text)
     return settings_from_values(values)
-
-
-def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f'{prefix}{key}.'))
-        else:
-            flat[f'{prefix}{key}'] = value
-    return flat
 
 
 @dataclass

@@ -16,28 +16,21 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-import math
-import os
-import signal
 import sys
-import threading
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray
 import numpy as np
 from rcl_interfaces.msg import SetParametersResult
-import rclpy
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.serialization import deserialize_message
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
+from vla_policy_node.control.ages import ages_loosened, StartAges
 from vla_policy_node.control.chunking import SchedulerConfig
 from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
 from vla_policy_node.control.inference import InferenceWorker
@@ -48,9 +41,10 @@ from vla_policy_node.ros.command_groups import CommandOutputs
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_text, stamp_seconds,
                                              undecodable_is_an_error)
-from vla_policy_node.ros.params import current_values, declare_parameters, NodeSettings, ParameterError, validate_change
-from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
+from vla_policy_node.ros.params import current_values, declare_parameters, NodeSettings, validate_change
+from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.polled_input import PolledSubscription
+from vla_policy_node.ros.process import run_until_signal, StopRequested  # noqa: F401 (re-exported)
 from vla_policy_node.ros.server.client import RemoteInference
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
                                      INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
@@ -72,44 +66,6 @@ def loop_settings(settings: NodeSettings) -> LoopSettings:
         max_action_age=settings.max_action_age, use_header_stamps=settings.use_header_stamps,
         reset_on_instruction_change=settings.reset_on_instruction_change, plan_points=points,
         first_point_joints=first_point)
-
-
-@dataclass(frozen=True)
-class StartAges:
-    """The input checks the node started with: at run time they may only tighten."""
-
-    max_observation_age: float
-    max_action_age: float
-    use_header_stamps: bool
-
-
-def ages_loosened(settings: NodeSettings, start: StartAges, horizon_s: float | None) -> str | None:
-    """
-    Say why ``settings`` would accept older inputs or actions than the node started with, or None.
-
-    Like the limits, the input checks only tighten at run time: a value set to let a slow camera
-    through would otherwise let stale observations drive the arm until someone sets it back; so
-    would switching header stamps off. The action age compares the limits in force:
-    ``max_action_age: 0`` derives ``max_observation_age + horizon_s`` (one horizon of actions
-    in seconds). ``horizon_s`` None: not known yet (the whole chunk of a policy not loaded), so
-    a derived limit counts as no longer than ``max_observation_age`` before and unbounded after.
-    """
-    if settings.max_observation_age > start.max_observation_age:
-        return (f'max_observation_age {settings.max_observation_age:g} s is looser than the '
-                f'{start.max_observation_age:g} s the node started with: loosening it takes a restart')
-    if start.use_header_stamps and not settings.use_header_stamps:
-        return ('use_header_stamps false would let frames and joint states stamped too long ago through: '
-                'switching the stamp check off takes a restart')
-    if start.max_action_age == 0 and settings.max_action_age == 0:
-        return None                     # both derived, from a max_observation_age no looser
-    known = horizon_s is not None
-    before = start.max_action_age or start.max_observation_age + (horizon_s if known else 0.0)
-    after = settings.max_action_age or settings.max_observation_age + (horizon_s if known else math.inf)
-    if after > before + 1e-9:
-        derived = ' (0 derives max_observation_age + horizon / control_rate_hz)' if settings.max_action_age == 0 else ''
-        return (f'max_action_age {settings.max_action_age:g}{derived} allows actions {after:g} s old, more than '
-                f'the {before:g} s the node started with: loosening it takes a restart')
-    return None
 
 
 def remote_deadline(settings: NodeSettings, sim_time: bool) -> float:
@@ -438,71 +394,12 @@ def _ros_arguments(node_options: dict[str, Any]) -> list[str]:
     return arguments + list(node_options.get('cli_args') or [])
 
 
-class StopRequested(BaseException):
-    """SIGINT/SIGTERM while the node is still being built: nothing was commanded, so nothing to hold."""
-
-
 def main(args: list[str] | None = None, node_class: type = VlaPolicyNode) -> int:
     """
     Run the node until SIGINT/SIGTERM; exit 0 after a hold, 1 on a configuration error.
 
     A callback that raises ends the executor thread, and a bug could end the inference thread;
     either way the node then holds and exits 1 rather than stay up without a control loop.
-
-    rclpy's own signal handling would shut the context down before the hold could be sent,
-    so the node installs its own handlers and shuts down in order itself. While the node is
-    still being built (loading and warming up a model can take minutes) a signal ends the
-    build at once: it derives from BaseException, so no ``except Exception`` on the way keeps it.
-    Further signals are ignored: Python's finalisation would restore their default action
-    (death by the signal) for a second Ctrl-C while the process exits.
+    The signal/spin/shutdown sequence is ``ros.process.run_until_signal``.
     """
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    building = threading.Event()
-    building.set()
-    signals = (signal.SIGINT, signal.SIGTERM)
-
-    def on_signal(*_: Any) -> None:
-        stop.set()
-        for signum in signals:
-            signal.signal(signum, signal.SIG_IGN)
-        if building.is_set():
-            raise StopRequested
-
-    for signum in signals:
-        signal.signal(signum, on_signal)
-    try:
-        node = node_class()
-        building.clear()
-    except (ParameterError, PolicyLoadError) as error:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f'cannot start: {error}')
-        rclpy.try_shutdown()
-        return 1
-    except StopRequested:
-        rclpy.logging.get_logger(NODE_NAME).info('stopped before the node was ready: nothing was commanded')
-        rclpy.try_shutdown()
-        return 0
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
-    spinner.start()
-    while not stop.wait(0.1) and spinner.is_alive() and node.inference_alive:
-        pass
-    code = 0 if stop.is_set() else 1
-    finished = node.stop()
-    executor.shutdown(timeout_sec=1.0)
-    spinner.join(1.0)
-    if spinner.is_alive():
-        # A callback still runs (a lifecycle transition loading a model): the node and the
-        # context stay as they are under it, the process ends below.
-        finished = False
-    else:
-        node.destroy_node()
-        rclpy.try_shutdown()
-    if not finished:
-        # A thread still inside torch would abort the interpreter's finalisation; everything
-        # that matters (the hold, or nothing commanded at all) is done.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return run_until_signal(node_class, lambda node: node.inference_alive, NODE_NAME, args)

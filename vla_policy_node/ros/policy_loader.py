@@ -20,7 +20,7 @@ from vla_policy_node.runtime.policy import error_summary, resolve_device
 from vla_policy_node.runtime.program_cache import ProgramCache
 from vla_policy_node.runtime.engine import PolicyRuntime
 from vla_policy_node.loading import build_tiny_policy, load_policy
-from vla_policy_node.ros.params import NodeSettings
+from vla_policy_node.ros.params import PolicySettings
 
 
 class PolicyLoadError(RuntimeError):
@@ -33,7 +33,7 @@ def feature_names(camera_names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name if name.startswith(prefix) else prefix + name for name in camera_names)
 
 
-def make_policy(settings: NodeSettings, info: Callable[[str], None],
+def make_policy(settings: PolicySettings, info: Callable[[str], None],
                 warn: Callable[[str], None], batch_sizes: tuple[int, ...] = ()) -> Any:
     """
     Build or load the policy, check it fits the configured cameras and joints, warm it up.

@@ -29,7 +29,6 @@ from vla_policy_node.runtime.shape_buckets import (smallest_holding, with_batch_
                                                    without_shared_padding)
 from vla_policy_node.model.types import ModelInputs
 
-STAGES = ("preprocess", "prefix", "denoise", "postprocess", "total")
 # Config fields only the preprocessor reads: the prompt and image shapes they lead to are in each
 # program's input signature, so they stay out of the program key, and a checkpoint saved with
 # `longest` prompt padding shares its programs with the same weights saved with `max_length`.

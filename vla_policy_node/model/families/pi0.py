@@ -27,9 +27,6 @@ from vla_policy_node.model.prefix_cache import PrefixContext, VLAPrefixCache
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.families.paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
 
-FAMILY = "pi0"
-Pi0Config = PiConfig
-
 
 def pi0_prompt(task: str) -> str:
     """Build the text pi0 tokenizes: the task with a trailing newline (LeRobot's ``Pi0NewLineProcessor``)."""

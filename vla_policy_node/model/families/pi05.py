@@ -26,8 +26,6 @@ from vla_policy_node.model.prefix_cache import PrefixContext, VLAPrefixCache
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.families.paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
 
-FAMILY = "pi05"
-Pi05Config = PiConfig
 STATE_BINS = 256
 
 

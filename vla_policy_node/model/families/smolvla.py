@@ -31,8 +31,6 @@ from vla_policy_node.model.rope import apply_rope, rope_cos_sin
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.vision import SiglipVisionTransformer, VisionSpec
 
-FAMILY = "smolvla"
-
 # Published SmolVLM2 backbone used by SmolVLA when its config folder is not on disk
 # (the text/vision configuration of HuggingFaceTB/SmolVLM2-500M-Video-Instruct).
 SMOLVLM2_500M = {

@@ -25,24 +25,20 @@ parameter file works) and ``batch.window``, ``batch.max_size``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import signal
-import threading
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 import numpy as np
-import rclpy
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.server.batching import BatchConfig, BatchServer, ServedChunk, ServedRequest
 from vla_policy_node.control.inference import FAULT_RAISED
 from vla_policy_node.runtime.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
-from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, SPECS
-from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError
+from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, PolicySettings, SPECS
+from vla_policy_node.ros.policy_loader import make_policy
+from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.protocol import (CHUNKS_TOPIC, decode_request, decode_request_key, encode_chunk,
                                                  ProtocolError, RequestKey, REQUESTS_TOPIC, WireRequest)
@@ -63,24 +59,10 @@ NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend
                           ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """What ``make_policy`` reads (the names of ``NodeSettings``) and the batching settings."""
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings(PolicySettings):
+    """What ``make_policy`` reads (``PolicySettings``) and the batching settings."""
 
-    checkpoint: str
-    allow_random_weights: bool
-    checkpoint_root: str
-    device: str
-    dtype: str
-    cuda_graphs: bool
-    torch_compile: bool
-    compile_cache_dir: str
-    num_threads: int
-    tiny_chunk_size: int
-    tiny_num_steps: int
-    tiny_seed: int
-    camera_names: tuple[str, ...]
-    joint_names: tuple[str, ...]
     diagnostics_period: float
     batch_window: float
     batch_max_size: int
@@ -227,27 +209,5 @@ class PolicyServerNode(Node):
 
 
 def main() -> int:
-    """Run the server until SIGINT/SIGTERM; exit 1 on a configuration error."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
-    try:
-        node = PolicyServerNode()
-    except (ParameterError, PolicyLoadError) as error:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f'cannot start: {error}')
-        rclpy.try_shutdown()
-        return 1
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
-    spinner.start()
-    while not stop.wait(0.1) and spinner.is_alive() and node.serving:
-        pass
-    code = 0 if stop.is_set() else 1
-    node.stop()
-    executor.shutdown(timeout_sec=1.0)
-    spinner.join(1.0)
-    node.destroy_node()
-    rclpy.try_shutdown()
-    return code
+    """Run the server until SIGINT/SIGTERM; exit 1 on a configuration error (``ros.process.run_until_signal``)."""
+    return run_until_signal(PolicyServerNode, lambda node: node.serving, NODE_NAME)
