@@ -187,7 +187,7 @@ def test_the_input_checks_only_tighten_at_run_time():
     """max_action_age compares the limits it gives (0 derives one from the horizon); stamps switch on, not off."""
     from test_params import VALUES
 
-    from vla_policy_node.ros.node import ages_loosened, StartAges
+    from vla_policy_node.control.ages import ages_loosened, StartAges
     from vla_policy_node.ros.params import settings_from_values
 
     def settings(**changes):

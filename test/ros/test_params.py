@@ -17,7 +17,8 @@ from rclpy.parameter import Parameter
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, RANDOM_WEIGHTS_ARGS
 import yaml
 
-from vla_policy_node.ros.params import declare_parameters, ParameterError, PARAMETERS, settings_from_values
+from vla_policy_node.ros.param_specs import ParameterError, PARAMETERS
+from vla_policy_node.ros.params import declare_parameters, settings_from_values
 
 pytestmark = pytest.mark.dds
 DEFAULTS = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']

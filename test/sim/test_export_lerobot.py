@@ -21,7 +21,7 @@ from vla_policy_node.loading.load import init_weights
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.runtime.engine import PolicyRuntime
 from vla_policy_node.loading import load_policy
-from vla_policy_node.train import export
+from vla_policy_node.train import export, lerobot_files
 from vla_policy_node.train.cli import main as train_main
 
 # Every field of LeRobot's SmolVLAConfig, in the order draccus writes them: the keys of config.json written
@@ -246,3 +246,9 @@ def test_export_from_command_converts_without_training(exports, tmp_path, capsys
     assert json.loads((tmp_path / "six" / "config.json").read_text())["pretrained_revision"] is None
     with pytest.raises(SystemExit):
         train_main(["--export-from", str(tmp_path / "six"), "--output", str(tmp_path / "x"), "--lerobot-version", "1"])
+
+
+def test_the_recorded_field_lists_are_the_ones_the_export_writes():
+    assert {v: list(f) for v, f in lerobot_files.LEROBOT_FIELDS.items()} == FIELDS
+    with pytest.raises(ValueError):
+        lerobot_files.check_version("0.5")

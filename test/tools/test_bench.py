@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from vla_policy_node.bench import checkpoints, cli, matrix
+from vla_policy_node.bench import checkpoints, cli, lerobot_compare, matrix
 from vla_policy_node.loading import load_policy
 
 ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
@@ -107,7 +107,7 @@ def test_step_bytes_counts_every_weight_the_step_multiplies_by_once(tmp_path):
     folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "tiny", 1)
     policy = load_policy(folder, device="cpu", dtype="float32")
     obs, noise = cli.make_observation(policy, (48, 64), 0, 1)
-    inputs = cli.worker_inputs(policy, obs, noise, tmp_path / "inputs.safetensors")
+    inputs = lerobot_compare.worker_inputs(policy, obs, noise, tmp_path / "inputs.safetensors")
     model = policy.model
 
     def nbytes(module, skip=()):

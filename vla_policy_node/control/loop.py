@@ -2,6 +2,9 @@
 """
 The control loop: one tick of input health, chunk scheduling, hold decisions and the gate.
 
+(513 lines: ``ControlLoop`` is the locked public API plus the hold/command transitions that share
+its lock; they read best in one place. State, holds, the gate and ages live beside it.)
+
 Everything that decides what the robot is told lives here, free of ROS, so the node, the soak
 run and the property tests drive the same code::
 
