@@ -105,7 +105,7 @@ lint: install
 GPU_PYTHON ?= $(shell test -x '$(PYTHON)' && echo '$(PYTHON)' || echo python3)
 .PHONY: gpu-check
 gpu-check:
-	$(GPU_PYTHON) -m vla_policy_node.bench.gpu_check $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # Optional, for developers: regenerate the LeRobot 0.6.1 and 0.5.1 reference checkpoints under
 # test/fixtures/ (make test never needs LeRobot). Each LeRobot goes in a venv of its own, patched to

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks shared by the pi0 and pi0.5 reference tests: the same fixture layout, the same runtime contract."""
 
+import json
 from pathlib import Path
 
+from cache_checks import assert_frozen_prefix_unchanged
 from conftest import fixture_model_inputs, max_diff
 from safetensors.torch import load_file
 import torch
@@ -16,9 +18,16 @@ TOL = 1e-4
 CPU = torch.device("cpu")
 
 
+def pi_config(folder: Path) -> PiConfig:
+    """Return the PiConfig of a fixture folder: ``config.json``, sized by the ``tiny_dims.json`` beside it."""
+    tiny_path = folder / "tiny_dims.json"
+    tiny = json.loads(tiny_path.read_text()) if tiny_path.is_file() else None
+    return PiConfig.from_checkpoint(json.loads((folder / "config.json").read_text()), tiny)
+
+
 def load_reference_model(model_cls, rules, folder: Path, backend: str = "eager"):
     """Build a pi0 / pi0.5 network from a fixture's config and load its weights by the family's key rules."""
-    model = model_cls(PiConfig.from_dir(folder), attention_backend=backend).eval()
+    model = model_cls(pi_config(folder), attention_backend=backend).eval()
     load_weights(model, folder / "model.safetensors", prefix_key_map(rules))
     return model
 
@@ -59,7 +68,7 @@ def check_prefix_once_and_frozen(model, folder: Path, with_state: bool) -> None:
         euler_integrate(runtime.velocity_fn(ctx), raw["noise"], runtime.dt, model.config.num_steps)
     assert len(prefix_calls) == 1 and runtime.stats.prefix_passes == 1
     assert runtime.stats.denoise_steps == model.config.num_steps
-    ctx.cache.verify_unchanged()
+    assert_frozen_prefix_unchanged(ctx.cache)
     assert all(torch.equal(a, b) for a, b in zip(before, (t for layer in ctx.cache.layers for t in layer)))
     runtime.sample(inputs, raw["noise"])
     assert len(prefix_calls) == 2 and runtime.stats.prefix_passes == 2

@@ -24,18 +24,9 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
+from ros_harness import wait_until
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS
-
-
-def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds have passed."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
 
 
 class ProbeRobot:

@@ -34,6 +34,16 @@ assert 0 <= DOMAIN_BASE <= MAX_DOMAIN_ID, f'VLA_TEST_DOMAIN_BASE must be in [0, 
 _allocations = itertools.count()
 
 
+def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds have passed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(period)
+    return predicate()
+
+
 def next_domain_id() -> int:
     """
     Return the next ROS_DOMAIN_ID of VLA_TEST_DOMAIN_BASE..101, round robin.

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe
+from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe, wait_until
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
@@ -145,16 +145,6 @@ class RobotProbe:
         self.executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-
-
-def wait_until(predicate, timeout: float, period: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds have passed."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
 
 
 @pytest.fixture(scope='module')

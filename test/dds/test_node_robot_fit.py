@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe
+from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe, wait_until
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
@@ -111,15 +111,6 @@ class FitProbe:
         self.executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_so101_fit_end_to_end(tmp_path):

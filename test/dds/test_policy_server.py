@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND, wait_until
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String, UInt8MultiArray
 from trajectory_msgs.msg import JointTrajectory
@@ -126,15 +126,6 @@ class RobotsProbe:
         self.executor.shutdown(timeout_sec=1.0)
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():

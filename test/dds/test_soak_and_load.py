@@ -1,19 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak run (the control loop against a simulated robot) and the input-load bench, run for real but short."""
 
+from pathlib import Path
 import subprocess
 import sys
 
 import pytest
 
-from vla_policy_node.bench import input_load
+from benchmarks import input_load
 
 
 def test_soak_drives_the_control_loop_without_a_violation():
     """In a process of its own: the soak counts the prefix caches alive in the whole process."""
     result = subprocess.run(
-        [sys.executable, '-m', 'vla_policy_node.bench.soak', '--steps', '400', '--rate-hz', '100',
-         '--window', '200', '--episode-steps', '120'], capture_output=True, text=True, timeout=300)
+        [sys.executable, '-m', 'benchmarks.soak', '--steps', '400', '--rate-hz', '100',
+         '--window', '200', '--episode-steps', '120'], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parents[2])     # benchmarks/ is beside the package, not installed
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "'outside_limits': 0, 'over_max_step': 0, 'stale': 0" in out

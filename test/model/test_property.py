@@ -22,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from vla_policy_node.model.normalization import Normalizer
+from cache_checks import assert_frozen_prefix_unchanged
 from vla_policy_node.model.prefix_cache import ReadOnlyCacheError, VLAPrefixCache
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.loading import build_tiny_policy
@@ -36,10 +37,9 @@ def states(length: int, seed: int) -> torch.Tensor:
 class PrefixCacheMachine(RuleBasedStateMachine):
     """``VLAPrefixCache`` against a model: a list of (key, value) per layer plus a read-only flag."""
 
-    @initialize(windows=st.lists(st.one_of(st.none(), st.integers(1, 6)), max_size=4))
-    def start(self, windows):
-        self.windows = windows
-        self.cache = VLAPrefixCache(windows)
+    @initialize()
+    def start(self):
+        self.cache = VLAPrefixCache()
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.read_only = False
         self.seed = 0
@@ -47,10 +47,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def fresh(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.seed += 2
         return states(length, self.seed), states(length, self.seed + 1)
-
-    def window(self, t: torch.Tensor, idx: int) -> torch.Tensor:
-        w = self.windows[idx] if idx < len(self.windows) else None
-        return t if w is None or t.shape[-2] <= w else t[..., -w:, :]
 
     @precondition(lambda self: not self.read_only)
     @rule(offset=st.integers(-2, 2), length=st.integers(1, 4))
@@ -63,13 +59,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             return
         out_k, out_v = self.cache.update(k, v, idx)
         if idx == len(self.layers):
-            full = (k, v)
-            self.layers.append((self.window(k, idx), self.window(v, idx)))
+            self.layers.append((k, v))
         else:
             old_k, old_v = self.layers[idx]
-            full = (torch.cat([old_k, k], -2), torch.cat([old_v, v], -2))
-            self.layers[idx] = (self.window(full[0], idx), self.window(full[1], idx))
-        assert torch.equal(out_k, full[0]) and torch.equal(out_v, full[1])
+            self.layers[idx] = (torch.cat([old_k, k], -2), torch.cat([old_v, v], -2))
+        assert torch.equal(out_k, self.layers[idx][0]) and torch.equal(out_v, self.layers[idx][1])
 
     @rule(correct=st.booleans())
     def freeze(self, correct):
@@ -116,16 +110,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         with pytest.raises(AttributeError):
             self.cache._keys.append(None)
 
-    @precondition(lambda self: self.read_only and self.layers)
-    @rule(index=st.integers(0, BATCH - 1))
-    def batch_slice(self, index):
-        view = self.cache.batch_slice(index)
-        assert view.read_only and len(view) == len(self.layers)
-        for (vk, vv), (k, v) in zip(view.layers, self.layers):
-            assert torch.equal(vk, k[index:index + 1]) and torch.equal(vv, v[index:index + 1])
-        with pytest.raises(ReadOnlyCacheError):
-            view.freeze()
-
     @rule()
     def reset(self):
         self.cache.reset()
@@ -139,7 +123,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert len(self.cache) == len(self.layers)
         for (k, v), (mk, mv) in zip(self.cache.layers, self.layers):
             assert torch.equal(k, mk) and torch.equal(v, mv)
-        self.cache.verify_unchanged()
+        if self.read_only and self.layers:
+            assert_frozen_prefix_unchanged(self.cache)
 
 
 TestPrefixCache = PrefixCacheMachine.TestCase

@@ -135,7 +135,7 @@ def test_rejects_inference_mode_and_bad_arguments():
 
 def test_rtc_smooths_chunk_boundaries_in_the_jerk_simulation():
     # End to end: scheduler -> RTCGuidance -> guided flow sampler -> scheduler.
-    from vla_policy_node.bench.jerk import JerkSimConfig, scenarios, simulate
+    from benchmarks.jerk import JerkSimConfig, scenarios, simulate
 
     sim = JerkSimConfig(duration_s=8.0)
     rows = scenarios(sim)

@@ -13,10 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from conftest import fixture_model_inputs, max_diff
-from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model
+from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model, pi_config
 
 from vla_policy_node.model.blocks import AdaRMSNorm
-from vla_policy_node.model.families.paligemma import PiConfig, prepare_image
+from vla_policy_node.model.families.paligemma import prepare_image
 from vla_policy_node.model.families.pi05 import Pi05, discretize_state, key_rules, pi05_prompt
 from vla_policy_node.model.precision import cast_model
 from vla_policy_node.runtime.engine import PolicyRuntime
@@ -50,7 +50,7 @@ def test_prompt_and_images_match_reference(reference_dir):
     inp = load_file(folder / "inputs.safetensors")
     with safe_open(str(folder / "inputs.safetensors"), "pt") as f:
         meta = f.metadata()
-    config = PiConfig.from_dir(folder)
+    config = pi_config(folder)
     state = inp["batch.observation.state"].numpy()                       # normalized (QUANTILES), (B, 6)
     bins = np.stack([discretize_state(s, config.max_state_dim) for s in state])
     assert np.array_equal(bins, inp["model_input.state_bins"].numpy())

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from conftest import fixture_model_inputs, max_diff
-from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model
+from pi_reference_checks import check_matches_fixture, check_prefix_once_and_frozen, load_reference_model, pi_config
 
 from vla_policy_node.model.attention import additive_mask, make_att_2d_masks
 from vla_policy_node.model.blocks import DecoderLayer
@@ -52,7 +52,7 @@ def test_preprocessing_matches_reference(reference_dir):
     inp = load_file(folder / "inputs.safetensors")
     with safe_open(str(folder / "inputs.safetensors"), "pt") as f:
         meta = f.metadata()
-    size = PiConfig.from_dir(folder).image_size[0]
+    size = pi_config(folder).image_size[0]
     for i, cam in enumerate(json.loads(meta["camera_order"])):
         from_batch = prepare_image(inp[f"batch.{cam}"], size)
         from_raw = prepare_image(inp[f"raw.{cam}"].permute(0, 3, 1, 2).float() / 255.0, size)

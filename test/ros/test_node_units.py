@@ -10,6 +10,7 @@ type check of parameter sources that rcl's merge would hide.
 import numpy as np
 import pytest
 
+from vla_policy_node.runtime.engine import COMPILED, EAGER
 from vla_policy_node.control.chunking import ChunkScheduler, SchedulerConfig
 from vla_policy_node.control.safety import MotionLimits, stamp_problem
 from vla_policy_node.ros.conversions import chunk_to_joint_trajectory
@@ -156,16 +157,13 @@ def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_nam
         policy = build_tiny_policy(**kwargs)
         runtime, eager = policy.runtime, policy.runtime.sample
 
-        def sample(inputs, noise, guide=None):
-            compiled, runtime.torch_compile = runtime.torch_compile, False
-            try:
-                rows, _ = runtime.bucketed(inputs, noise) if compiled else (inputs, noise)
-                if compiled and runtime.build_new_signatures:
-                    built.add(rows.batch_size)
-                simulated_time.sleep(0.001 * rows.batch_size if compiled else 0.01 * inputs.batch_size)
-                return eager(inputs, noise, guide)
-            finally:
-                runtime.torch_compile = compiled
+        def sample(inputs, noise, guide=None, path=None):
+            compiled = (path or runtime.path) == COMPILED
+            rows, _ = runtime.bucketed(inputs, noise) if compiled else (inputs, noise)
+            if compiled and runtime.build_new_signatures:
+                built.add(rows.batch_size)
+            simulated_time.sleep(0.001 * rows.batch_size if compiled else 0.01 * inputs.batch_size)
+            return eager(inputs, noise, guide, EAGER)
         monkeypatch.setattr(runtime, 'sample', sample)
         return policy
     monkeypatch.setattr(policy_loader, 'build_tiny_policy', tiny_with_stand_in_compiler)

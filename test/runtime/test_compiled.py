@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The compiled path (prefix pass and denoising loop compiled ahead of time) keeps the eager path's actions."""
 
+from cache_checks import assert_frozen_prefix_unchanged
 from conftest import fixture_model_inputs, max_diff
 import numpy as np
 import pytest
 from safetensors.torch import load_file
 import torch
 
+from vla_policy_node.runtime.engine import COMPILED, EAGER, RuntimeConfig
 from vla_policy_node.model.attention import additive_mask, attention, attention_split
 from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.runtime.compiled import aot_compile, attention_backend
@@ -52,7 +54,7 @@ def test_frozen_view_attends_like_the_cache_and_copies_nothing():
     for i in range(2):
         assert view.layer(i)[0].data_ptr() == cache.layer(i)[0].data_ptr()
         assert max_diff(view.attend(q, ks, vs, mask, i, "sdpa"), cache.attend(q, ks, vs, mask, i, "sdpa")) < 1e-6
-    cache.verify_unchanged()
+    assert_frozen_prefix_unchanged(cache)
 
 
 def test_a_program_that_writes_its_inputs_is_refused_before_compiling(tmp_path):
@@ -74,7 +76,7 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
     obs["state"] = np.random.default_rng(0).normal(size=tiny.state_dim)
     noise = np.random.default_rng(1).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
     eager = tiny.predict_action_chunk(obs, noise)
-    tiny.runtime.torch_compile = True
+    tiny.runtime.path = COMPILED
     tiny.stats.clear()
     try:
         first = tiny.predict_action_chunk(obs, noise)                  # compiles
@@ -82,10 +84,10 @@ def test_compiled_tiny_policy_equals_eager_and_compiles_once(tiny):
         second = tiny.predict_action_chunk(obs, noise)                 # same shapes: the compiled code again
         assert len(tiny.runtime.compiled_signatures) == 1
         obs["state"] = obs["state"] - 0.5
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
         assert np.abs(second - tiny.predict_action_chunk({**obs, "state": obs["state"] + 0.5}, noise)).max() < TOL
     finally:
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
     assert np.abs(first - eager).max() < TOL
     assert tiny.model.backend == "sdpa", "the CPU loop was traced with eager attention; the eager path keeps SDPA"
     stats = tiny.stats
@@ -117,10 +119,10 @@ def test_two_compiled_policies_keep_their_own_weights(tiny):
     assert np.abs(eager[0] - eager[1]).max() > 1e-3
     try:
         for policy, want in zip(policies, eager):
-            policy.runtime.torch_compile = True
+            policy.runtime.path = COMPILED
             assert np.abs(policy.predict_action_chunk(obs, noise) - want).max() < TOL
     finally:
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
 
 
 def test_a_new_input_shape_compiles_again_instead_of_reusing(tiny):
@@ -130,12 +132,12 @@ def test_a_new_input_shape_compiles_again_instead_of_reusing(tiny):
              "state": np.stack([obs["state"], obs["state"] + 1.0]), "task": [obs["task"]] * 2}
     noise = np.random.default_rng(4).standard_normal((2, 8, 32)).astype(np.float32)
     eager = tiny.predict_action_chunk(batch, noise)
-    tiny.runtime.torch_compile = True
+    tiny.runtime.path = COMPILED
     try:
         tiny.predict_action_chunk(obs, noise[:1])
         compiled = tiny.predict_action_chunk(batch, noise)
     finally:
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
     assert compiled.shape == eager.shape and np.abs(compiled - eager).max() < TOL
     assert len(tiny.runtime.compiled_signatures) == 2
 
@@ -145,17 +147,17 @@ def test_compiled_runtime_leaves_guided_sampling_eager(tiny):
     noise = np.random.default_rng(2).standard_normal((1, tiny.chunk_size, 32)).astype(np.float32)
     rtc = RTCGuidance(prefix=np.full((3, tiny.action_dim), 0.1, np.float32), delay_steps=2, max_guidance_weight=5.0)
     eager = tiny.predict_action_chunk(obs, noise, rtc=rtc)
-    tiny.runtime.torch_compile = True
+    tiny.runtime.path = COMPILED
     try:
         compiled = tiny.predict_action_chunk(obs, noise, rtc=rtc)      # autograd: the eager loop
     finally:
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
     np.testing.assert_array_equal(compiled, eager)
 
 
 def test_after_the_warm_up_a_new_shape_runs_eager_instead_of_compiling(tiny):
     """The node never compiles mid-control: a shape the warm-up did not see takes the eager path."""
-    tiny.runtime.torch_compile = True
+    tiny.runtime.path = COMPILED
     try:
         tiny.warmup(tiny.dummy_observation(), iterations=1)
         seen = len(tiny.runtime.compiled_signatures)
@@ -168,7 +170,7 @@ def test_after_the_warm_up_a_new_shape_runs_eager_instead_of_compiling(tiny):
         three = tiny.predict_action_chunk(batch, np.concatenate([noise] * 3))
         assert len(tiny.runtime.compiled_signatures) == seen     # nothing compiled after the warm-up
     finally:
-        tiny.runtime.torch_compile = False
+        tiny.runtime.path = EAGER
         tiny.runtime.build_new_signatures = True
     np.testing.assert_allclose(compiled, tiny.predict_action_chunk(obs, noise), atol=TOL)
     np.testing.assert_allclose(three, tiny.predict_action_chunk(batch, np.concatenate([noise] * 3)), atol=TOL)
@@ -179,7 +181,7 @@ def test_compiled_pi_policies_match_lerobot(reference_dir, family):
     """The compiled prefix pass and loop of pi0 / pi0.5 give LeRobot's chunk (the fixture's expected output)."""
     folder = reference_dir(family)
     policy = load_policy(folder)
-    policy.runtime.torch_compile = True
+    policy.runtime.path = COMPILED
     inputs, raw = fixture_model_inputs(folder, with_state=family == "pi0")
     actions = policy.runtime.sample(inputs, raw["noise"])
     expected = load_file(folder / "expected.safetensors")["x_final_padded"]
@@ -204,7 +206,7 @@ def test_compiled_equals_eager_for_each_padding_and_batch(padding, tasks):
     assert policy.runtime.prompt_lengths == ((8, 16, 32) if padding == "longest" else ())
     obs, noise = batch_observation(policy, tasks, seed=len(tasks))
     eager = policy.predict_action_chunk(obs, noise)
-    policy.runtime.torch_compile = True
+    policy.runtime.path = COMPILED
     compiled = policy.predict_action_chunk(obs, noise)
     (signature,) = policy.runtime.compiled_signatures
     tokens = signature[2][0]                        # (B, L) of the prompt the program was built for
@@ -220,7 +222,7 @@ def test_warm_up_compiles_every_prompt_bucket_and_a_restart_loads_them():
     stats = []
     for _ in range(2):                              # two starts on one cache folder (the tests' own)
         policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2, padding="longest")
-        policy.runtime.torch_compile = True
+        policy.runtime.path = COMPILED
         policy.runtime.program_cache = ProgramCache()
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=1)
         assert sorted(s[2][0][1] for s in policy.runtime.compiled_signatures) == [8, 16, 32]
@@ -228,9 +230,9 @@ def test_warm_up_compiles_every_prompt_bucket_and_a_restart_loads_them():
     assert stats[0].built + stats[0].loaded == 6
     assert (stats[1].built, stats[1].loaded, stats[1].rebuilt) == (0, 6, 0)
     obs, noise = batch_observation(policy, ["a task of twelve"], seed=9)      # 17 tokens: the 32 bucket
-    policy.runtime.torch_compile = True
+    policy.runtime.path = COMPILED
     compiled = policy.predict_action_chunk(obs, noise)
-    policy.runtime.torch_compile = False
+    policy.runtime.path = EAGER
     assert np.abs(compiled - policy.predict_action_chunk(obs, noise)).max() < 1e-5
 
 
@@ -242,7 +244,7 @@ def test_a_batch_runs_the_program_of_the_smallest_built_batch_size_that_holds_it
     """
     policy = build_tiny_policy(("front",), chunk_size=8, num_steps=2)
     runtime = policy.runtime
-    runtime.torch_compile, runtime.batch_sizes = True, (2,)
+    runtime.configure(RuntimeConfig(torch_compile=True, batch_sizes=(2,)))
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
     (signature,) = runtime.compiled_signatures
     assert signature[2][0] == (2, 32)               # (B, L) of the prompt the program was built for
@@ -255,7 +257,7 @@ def test_a_batch_runs_the_program_of_the_smallest_built_batch_size_that_holds_it
     compiled_one = policy.predict_action_chunk(one, one_noise)
     compiled_three = policy.predict_action_chunk(three, three_noise)
     assert ran == [2] and runtime.compiled_signatures == (signature,)
-    runtime.torch_compile = False
+    runtime.path = EAGER
     assert compiled_one.shape == (1, 8, policy.action_dim)
     assert np.abs(compiled_one - policy.predict_action_chunk(one, one_noise)).max() < 1e-5
     np.testing.assert_array_equal(compiled_three, policy.predict_action_chunk(three, three_noise))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vla_policy_node.runtime.engine import EAGER, RuntimeConfig
 from vla_policy_node.model import packed_linear
 from vla_policy_node.model.blocks import AttentionProjections, GatedMLP, RMSNorm
 from vla_policy_node.model.families.smolvla import SmolVLA
@@ -152,8 +153,8 @@ def test_no_allocation_grows_with_the_number_of_steps(policy):
 
 def test_cuda_graph_flag_falls_back_to_eager_on_cpu(policy):
     inputs, noise = inputs_and_noise(policy)
-    rt = PolicyRuntime(policy.model, policy.num_steps, torch.device("cpu"), cuda_graphs=True)
-    assert rt.cuda_graphs and not rt.cuda_graphs_active
+    rt = PolicyRuntime(policy.model, policy.num_steps, torch.device("cpu"), config=RuntimeConfig(cuda_graphs=True))
+    assert rt.config.cuda_graphs and not rt.cuda_graphs_active
     torch.testing.assert_close(rt.sample(inputs, noise), policy.runtime.sample(inputs, noise), atol=0, rtol=0)
 
 
@@ -161,7 +162,7 @@ def test_cuda_graph_flag_falls_back_to_eager_on_cpu(policy):
 def test_cuda_graphs_replay_equals_eager():
     gpu = build_tiny_policy(("front", "wrist"), chunk_size=16, num_steps=5, device="cuda")
     eager = PolicyRuntime(gpu.model, gpu.num_steps, gpu.device)
-    graphed = PolicyRuntime(gpu.model, gpu.num_steps, gpu.device, cuda_graphs=True)
+    graphed = PolicyRuntime(gpu.model, gpu.num_steps, gpu.device, RuntimeConfig(cuda_graphs=True))
     for seed in range(3):                                   # capture, then replays with new inputs
         inputs, noise = inputs_and_noise(gpu, seed)
         torch.testing.assert_close(graphed.sample(inputs, noise), eager.sample(inputs, noise), atol=1e-5, rtol=0)
@@ -174,7 +175,7 @@ def test_cuda_graphs_serve_longest_padding_and_batches_from_the_warm_up_buckets(
     """Graphs are captured for every prompt length and batch bucket in the warm-up; none after it."""
     gpu = build_tiny_policy(("front",), chunk_size=8, num_steps=2, device="cuda", padding="longest")
     runtime = gpu.runtime
-    runtime.cuda_graphs, runtime.batch_sizes = True, (1, 2, 4)
+    runtime.configure(RuntimeConfig(cuda_graphs=True, batch_sizes=(1, 2, 4)))
     gpu.warmup(gpu.dummy_observation(), iterations=1)
     assert len(runtime.graphed_signatures) == 3 * 3         # prompt lengths (8, 16, 32) times batch sizes
     rng = np.random.default_rng(5)
@@ -187,7 +188,7 @@ def test_cuda_graphs_serve_longest_padding_and_batches_from_the_warm_up_buckets(
         inputs, noise, key)
     graphed = gpu.predict_action_chunk(obs, noise)          # batch 3, prompts cut to 32 tokens: the (4, 32) graphs
     assert replayed == [(4, 32)] and len(runtime.graphed_signatures) == 9
-    runtime.cuda_graphs = False
+    runtime.path = EAGER
     assert np.abs(graphed - gpu.predict_action_chunk(obs, noise)).max() < 1e-5
 
 

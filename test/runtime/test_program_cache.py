@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from vla_policy_node.runtime.engine import COMPILED, EAGER, RuntimeConfig
 from vla_policy_node.runtime.compiled import aot_compile
 from vla_policy_node.runtime.program_cache import (default_cache_dir, MANIFEST, TRACED_SOURCES,
                                                    point_compiler_caches_at, ProgramCache, source_digest)
@@ -252,20 +253,17 @@ def timed_compile(monkeypatch, clock, seconds) -> object:
     eager = runtime.sample
     policy.built_batches = []
 
-    def timed(inputs, noise, guide=None):
-        compiled, runtime.torch_compile = runtime.torch_compile, False
+    def timed(inputs, noise, guide=None, path=None):
+        compiled = (path or runtime.path) == COMPILED
         rows = inputs.batch_size
         if compiled:
             rows = min([b for b in runtime.batch_sizes if b >= rows] or [rows])
             if runtime.build_new_signatures:
                 policy.built_batches.append(rows)
-        try:
-            clock.sleep(seconds(compiled, rows))
-            return eager(inputs, noise, guide)
-        finally:
-            runtime.torch_compile = compiled
+        clock.sleep(seconds(compiled, rows))
+        return eager(inputs, noise, guide, EAGER)
     monkeypatch.setattr(runtime, "sample", timed)
-    runtime.torch_compile = True
+    runtime.path = COMPILED
     return policy
 
 
@@ -333,18 +331,14 @@ def test_a_batch_size_that_cannot_be_built_is_dropped_with_the_larger_and_the_re
     eager = runtime.sample
     built = []
 
-    def sample(inputs, noise, guide=None):
-        if runtime.torch_compile and runtime.build_new_signatures:
+    def sample(inputs, noise, guide=None, path=None):
+        if (path or runtime.path) == COMPILED and runtime.build_new_signatures:
             if inputs.batch_size == 4:
                 raise RuntimeError("out of memory: tried to allocate 9 GiB\nsecond line")
             built.append(inputs.batch_size)
-        compiled, runtime.torch_compile = runtime.torch_compile, False
-        try:
-            return eager(inputs, noise, guide)
-        finally:
-            runtime.torch_compile = compiled
+        return eager(inputs, noise, guide, EAGER)
     monkeypatch.setattr(runtime, "sample", sample)
-    runtime.torch_compile, runtime.batch_sizes = True, (1, 2, 4, 8)
+    runtime.configure(RuntimeConfig(torch_compile=True, batch_sizes=(1, 2, 4, 8)))
     policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
     assert sorted(set(built)) == [1, 2] and runtime.batch_sizes == (1, 2)
     assert policy.build_report == ("batches of 4 or more rows run eager: building batch size 4 failed: "

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The evaluation command without ROS and the frame-decode benchmark, run for real but small."""
 
-from vla_policy_node.bench import decode
+from benchmarks import decode
 from vla_policy_node.ros.sim import evaluation as sim_eval
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 import yaml
 
-from vla_policy_node.bench import checkpoints, cli, lerobot_compare, matrix
+from benchmarks import matrix
+from vla_policy_node.bench import checkpoints, cli, lerobot_compare
 from vla_policy_node.loading import load_policy
 
 ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
@@ -127,7 +128,7 @@ def test_step_bytes_counts_every_weight_the_step_multiplies_by_once(tmp_path):
 
 def test_batch_cost_times_each_batch_size():
     """--batch-cost: one row per batch size, per-robot cost the batch's over its rows (eager here)."""
-    from vla_policy_node.bench.remote import batch_cost
+    from benchmarks.remote import batch_cost
 
     rows = batch_cost('tiny', [1, 3], iters=2, threads=1)
     assert [r['batch'] for r in rows] == [1, 3]

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from vla_policy_node.bench import gpu_check
+from benchmarks import gpu_check
 
 
 def result(family, dtype, graphs, cameras, prefix, step, total, weights, kv):

@@ -5,6 +5,8 @@ Architecture guards: which room may import which, torch and ROS where they belon
 The rooms, from the bottom: ``control`` (numpy only: the loop, scheduling, safety), ``model``
 (the network), ``runtime`` (running it), ``loading`` (checkpoints -> a Policy), ``server``
 (batching), ``sim`` and ``train``; on top ``ros`` (the only ROS layer), ``replay`` and ``bench``.
+``benchmarks/`` beside the package (developers' benchmarks, not installed) may import anything;
+nothing installed imports it.
 """
 
 import ast
@@ -60,6 +62,12 @@ def test_ros_only_in_the_ros_layer_and_torch_never_in_control():
     assert offenders == []
 
 
+def test_the_installed_package_never_imports_the_developer_benchmarks_or_tests():
+    offenders = [f"{p.relative_to(PKG)} imports {m}" for p in PKG.rglob("*.py")
+                 for m in imported_modules(p) if m.split(".")[0] in {"benchmarks", "test", "conftest"}]
+    assert offenders == []
+
+
 def test_no_relative_imports():
     """Every import names its room, so a moved module is found by a search."""
     offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
@@ -76,7 +84,8 @@ def test_message_conversion_does_not_load_torch():
 
 def test_every_python_file_carries_the_spdx_license_header():
     root = PKG.parent
-    files = [p for folder in ("vla_policy_node", "test", "launch") for p in (root / folder).rglob("*.py")]
+    files = [p for folder in ("vla_policy_node", "benchmarks", "test", "launch", "tools")
+             for p in (root / folder).rglob("*.py")]
     files.append(root / "setup.py")
     missing = [str(p.relative_to(root)) for p in files
                if "SPDX-License-Identifier: Apache-2.0" not in "\n".join(p.read_text().splitlines()[:3])]

@@ -7,7 +7,7 @@ from ament_pep257.main import main
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PATHS = ['vla_policy_node', 'launch', 'setup.py', 'test']
+PATHS = ['vla_policy_node', 'benchmarks', 'launch', 'setup.py', 'test']
 
 
 @pytest.mark.linter

@@ -19,7 +19,8 @@ from ros_harness import DEFAULT_CONFIG
 from test_node_robot_fit import FIT
 import yaml
 
-from vla_policy_node.replay.bag import read_messages, topic_types, write_synthetic_episode
+from benchmarks.synthetic_bag import write_synthetic_episode
+from vla_policy_node.replay.bag import read_messages, topic_types
 from vla_policy_node.replay.cli import main, replay, settings_from_files
 
 

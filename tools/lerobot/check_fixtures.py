@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
 """Reload LeRobot fixture folders in fresh processes and check that they reproduce their stored tensors.
 
     .venv-lerobot061/bin/python tools/lerobot/check_fixtures.py test/fixtures/lerobot061

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by make_fixtures.py and check_fixtures.py (run them with a LeRobot venv's python).
 
 * ``apply_tiny_pi_patches`` - the monkeypatches that give LeRobot's pi0 / pi0.5 the tiny sizes of ``tiny_dims.json``

@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
 """Generate tiny, seeded LeRobot SmolVLA / pi0 / pi0.5 checkpoints with their inputs and expected actions.
 
 Run with the python of a LeRobot venv made by ``tools/lerobot/setup_env.sh`` (CPU, float32, no hub):

@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
 """Record LeRobot's real-time chunking (RTC) on a fixture folder: guided chunks for test_rtc_lerobot.
 
     .venv-lerobot061/bin/python tools/lerobot/make_rtc_fixture.py test/fixtures/lerobot061/smolvla

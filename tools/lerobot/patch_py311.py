@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Make an installed LeRobot (>= 0.5) importable on Python 3.11.
 
 LeRobot >= 0.5 declares ``Requires-Python >= 3.12`` but only uses 3.12 *syntax* (PEP 695) in a handful of

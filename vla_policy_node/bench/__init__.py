@@ -1,2 +1,2 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Benchmarks: deterministic simulations and timing scripts that produce the BENCHMARKS.md figures."""
+"""vla-policy-bench: a checkpoint's observation-to-chunk latency per stage, against the naive path and LeRobot."""

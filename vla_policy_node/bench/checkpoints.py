@@ -98,7 +98,6 @@ PI0_DIMS_OVERRIDE: Optional[dict] = None
 """Tests only: ``tiny_dims.json`` contents (the loader's size override) that shrink ``pi0``; same files, same keys."""
 
 CONFIG_NAMES = tuple(sorted([*CONFIGS, *PI0_CONFIGS]))
-FAMILY = {"tiny": "smolvla", "smolvla": "smolvla", "pi0": "pi0"}
 # What a robot camera delivers (H, W); the policy resizes with padding to its input size.
 CAMERA_FRAME = {"tiny": (48, 64), "smolvla": (480, 640), "pi0": (480, 640)}
 

@@ -37,13 +37,15 @@ import torch
 from safetensors.torch import load_file
 
 from vla_policy_node.bench import checkpoints, memory
-from vla_policy_node.bench.lerobot_compare import (LEROBOT_PYTHON, PI_FAMILIES, LeRobotWorker, lerobot_memory_blocker,
+from vla_policy_node.bench.lerobot_compare import (LEROBOT_PYTHON, LeRobotWorker, lerobot_memory_blocker,
                                                    lerobot_pi_blocker, worker_inputs)
 from vla_policy_node.bench.measure import (STAGES, StepTimer, available_memory_bytes, cpu_model, make_observation,
                                            naive_ratio, peak_rss_mib, prefix_length, progress, reset_peak_rss,
                                            rss_mib, settle, step_bytes, summarize, tensor_bytes)
 from vla_policy_node.bench.report import dds_table, table
 from vla_policy_node.loading import load_policy
+from vla_policy_node.runtime.engine import RuntimeConfig
+from vla_policy_node.model.families import FAMILIES
 
 
 def memory_check(estimate: memory.MemoryEstimate, args: argparse.Namespace) -> Optional[str]:
@@ -79,8 +81,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     load_s = time.perf_counter() - t_load
     progress(f"loaded in {load_s:.1f} s: {policy.describe()}")
     held = tensor_bytes(policy.model)
-    policy.runtime.cuda_graphs = args.cuda_graphs
-    policy.runtime.torch_compile = args.compile
+    policy.runtime.configure(RuntimeConfig(cuda_graphs=args.cuda_graphs, torch_compile=args.compile))
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or policy.preprocessor.image_size
     obs, noise_np = make_observation(policy, frame, args.seed, args.batch)
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
         lerobot["reason"] = f"{LEROBOT_PYTHON} not found; make it with `make lerobot-env` (see BENCHMARKS.md)"
     elif cuda:
         lerobot["reason"] = "the LeRobot comparison runs on the CPU only"
-    elif policy.family in PI_FAMILIES and (blocker := lerobot_pi_blocker(LEROBOT_PYTHON)):
+    elif FAMILIES[policy.family].backbone == "paligemma" and (blocker := lerobot_pi_blocker(LEROBOT_PYTHON)):
         lerobot["reason"] = blocker
     elif blocker := lerobot_memory_blocker(folder):
         lerobot["reason"] = blocker

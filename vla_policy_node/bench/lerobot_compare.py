@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 # LeRobot's own environment (``make lerobot-env``); VLA_BENCH_LEROBOT_PYTHON points at another one.
 LEROBOT_PYTHON = Path(os.environ.get("VLA_BENCH_LEROBOT_PYTHON", REPO / ".venv-lerobot" / "bin" / "python"))
 WORKER = Path(__file__).with_name("lerobot_worker.py")
-PI_FAMILIES = ("pi0", "pi05")
 
 
 def lerobot_pi_blocker(python: Optional[Path] = None) -> Optional[str]:

@@ -25,9 +25,6 @@ at start, and not so that the last message falls outside them.
 
 Thread safety: every public method takes the loop's lock; the inference thread calls
 ``on_inference_result``; ``sink`` is called with the lock held (publish only, never block).
-
-``ControlLoop`` is longer than ~300 lines: it is the public API (each method takes the lock)
-and the hold/command transitions, which share that lock and read best in one place.
 """
 
 from __future__ import annotations

@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from vla_policy_node.model.families import FAMILIES
+
 Version = tuple[int, ...]
 OLDEST: Version = (0, 4)
 NEWEST: Version = (99,)                  # open upper bound
 GENERATIONS: tuple[Version, ...] = ((0, 4), (0, 5), (0, 6))
-PI_FAMILIES = ("pi0", "pi05")
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,14 @@ def markers(config: dict, preprocessor_steps: Optional[list[dict]], postprocesso
             tokenizer_config: Optional[dict] = None, vlm_config: Optional[dict] = None,
             tokenizer_where: str = "tokenizer_config.json", vlm_where: str = "VLM config.json") -> list[Marker]:
     """Collect the evidence in a LeRobot checkpoint's parsed files (None: the file is not in the checkpoint)."""
-    family = config.get("type")
+    family = FAMILIES.get(config.get("type"))
+    paligemma = family is not None and family.backbone == "paligemma"     # pi0, pi0.5
     found = []
     if "pretrained_revision" in config:
         found.append(Marker("config.json", "has pretrained_revision", low=(0, 6)))
     else:
         found.append(Marker("config.json", "has no pretrained_revision", high=(0, 6)))
-    if family in PI_FAMILIES:
+    if paligemma:
         if "use_relative_actions" in config:
             found.append(Marker("config.json", "has use_relative_actions", low=(0, 5)))
         else:
@@ -120,7 +122,7 @@ def markers(config: dict, preprocessor_steps: Optional[list[dict]], postprocesso
         present = [n for n in names if any(s.get("registry_name") == n for s in steps)]
         for name in present:
             found.append(Marker(where, f"has a {name} step", *names[name]))
-        if not present and family in PI_FAMILIES:
+        if not present and paligemma:
             found.append(Marker(where, f"has no {' or '.join(names)} step", high=(0, 5)))
     if tokenizer_config is not None and tokenizer_config.get("tokenizer_class") == "TokenizersBackend":
         found.append(Marker(tokenizer_where, "tokenizer_class TokenizersBackend (transformers 5)", low=(0, 5)))

@@ -17,9 +17,7 @@ from vla_policy_node.model.blocks import DecoderSpec
 from vla_policy_node.loading import generation as generations
 from vla_policy_node.loading import processors
 from vla_policy_node.loading import openpi
-from vla_policy_node.model.families import pi0 as pi0_family
-from vla_policy_node.model.families import pi05 as pi05_family
-from vla_policy_node.model.families import smolvla
+from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi0, pi05, smolvla
 from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.runtime.policy import Policy, resolve_device, resolve_dtype
@@ -34,7 +32,7 @@ log = logging.getLogger(__name__)
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"   # LeRobot's default for pi0 / pi0.5
 
 
-def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "float32",
+def load_policy(checkpoint_dir: str | Path, device: str | torch.device = "auto", dtype: str = "float32",
                 allowed_roots: Sequence[str | Path] = (), attention_backend: str = "sdpa",
                 seed: int = 0, pack_weights: bool = True, lerobot_version: Optional[str] = None) -> Policy:
     """
@@ -48,16 +46,19 @@ def load_policy(checkpoint_dir: str | Path, device: str = "auto", dtype: str = "
     """
     folder = ckpt.checkpoint_dir(checkpoint_dir, allowed_roots)
     config = ckpt.read_json(ckpt.inside(folder, "config.json"))
-    family = "openpi" if openpi.is_openpi_config(config) else config.get("type")
-    builders: dict[str, Callable[..., Policy]] = {"smolvla": _smolvla, "pi0": _pi, "pi05": _pi, "openpi": _pi}
-    if not isinstance(family, str) or family not in builders:
-        raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {family!r}; "
-                                   f"supported: {sorted(builders)}")
+    if openpi.is_openpi_config(config):
+        backbone = "paligemma"
+    else:
+        kind = config.get("type")
+        if not isinstance(kind, str) or kind not in FAMILIES:
+            raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {kind!r:.40}; "
+                                       f"supported: {sorted(FAMILIES)} and openpi checkpoints")
+        backbone = FAMILIES[kind].backbone
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
-    policy = builders[family](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
-                              pack_weights, lerobot_version)
+    policy = LOADERS[backbone](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
+                               pack_weights, lerobot_version)
     log.info("loaded %s", policy.describe())
     return policy
 
@@ -84,8 +85,8 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
     steps = _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
-    model = build_model(lambda: smolvla.SmolVLA(cfg, backend), cfg, ckpt.weights_file(folder),
-                        prefix_key_map(smolvla.key_rules()))
+    model = build_model(lambda: SMOLVLA.network(cfg, backend), cfg, ckpt.weights_file(folder),
+                        prefix_key_map(SMOLVLA.key_rules()))
     tokenizer = TextTokenizer(ckpt.tokenizer_file(folder, tok_name))
     state_norm, action_norm = ckpt.lerobot_normalizers(folder)
     pre = Preprocessor(
@@ -94,7 +95,7 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
         padding_side=_padding_side(tok_cfg, source), camera_renames=steps.camera_renames,
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
-    return Policy("smolvla", cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+    return Policy(SMOLVLA.name, cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed, pack_weights, relative_actions=steps.relative,
                   provenance=generation.describe())
 
@@ -144,14 +145,15 @@ def _pipelines(folder: Path, config: dict, action_dim: int, state_dim: int) -> p
 def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
         pack_weights: bool, lerobot_version: Optional[str] = None) -> Policy:
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
+    # LeRobot names pi0/pi0.5 sizes (gemma_2b, gemma_300m) without giving them: small test checkpoints
+    # (the LeRobot fixtures, the bench's) carry their real sizes in ``tiny_dims.json`` beside config.json.
     tiny_path = ckpt.inside(folder, "tiny_dims.json")
     tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
     openpi_layout = openpi.is_openpi_config(config)
     generation: Optional[generations.Generation] = None
     if openpi_layout:
-        pi05 = bool(config.get("pi05", False))
         openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
-        state_norm, action_norm = openpi.openpi_normalizers(folder, pi05)
+        state_norm, action_norm = openpi.openpi_normalizers(folder, bool(config.get("pi05", False)))
         image_size = (tiny or {}).get("image_size", 224)
         config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
         tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],
@@ -163,25 +165,24 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
     if not openpi_layout:
         generation = _generation(folder, config, lerobot_version, tok_name)
-    family = pi05_family if config["type"] == "pi05" else pi0_family
+    family: Family = FAMILIES[config["type"]]
     try:
         cfg = PiConfig.from_checkpoint(config, tiny)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
     steps = None if openpi_layout else _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
-    model_cls = family.Pi05 if family is pi05_family else family.Pi0
-    model = build_model(lambda: model_cls(cfg, backend), cfg, ckpt.weights_file(folder),
+    model = build_model(lambda: family.network(cfg, backend), cfg, ckpt.weights_file(folder),
                         prefix_key_map(family.key_rules()))
     if openpi_layout:
         prompt = openpi_prompt
-    elif family is pi05_family:
+    elif family.state_in_prompt:
         pad_bins = not generation.transformers5     # LeRobot >= 0.5 bins only the robot's own state dims
 
         def prompt(task: str, state: np.ndarray) -> str:
-            return pi05_family.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
+            return pi05.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
     elif steps.newline:
         def prompt(task: str, state: np.ndarray) -> str:
-            return pi0_family.pi0_prompt(task)
+            return pi0.pi0_prompt(task)
     else:
         prompt = _task_prompt
     size = cfg.image_size[0]
@@ -198,11 +199,15 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, "max_length", source),
         padding_side=_padding_side(tok_cfg, source), camera_renames={} if steps is None else steps.camera_renames,
         state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
-        state_in_prefix=family is pi0_family, empty_cameras=cfg.empty_cameras)
-    return Policy(config["type"], cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
+        state_in_prefix=not family.state_in_prompt, empty_cameras=cfg.empty_cameras)
+    return Policy(family.name, cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
                   cfg.num_steps, device, seed, pack_weights,
                   relative_actions=None if steps is None else steps.relative,
                   provenance="openpi" if generation is None else generation.describe())
+
+
+# backbone -> the reader of its checkpoint layout
+LOADERS: dict[str, Callable[..., Policy]] = {"smolvlm": _smolvla, "paligemma": _pi}
 
 
 def _prompt_settings(tok_cfg: dict, max_length: int, padding: str, source: str) -> dict[str, Any]:
@@ -249,8 +254,9 @@ def init_weights(model: nn.Module, generator: torch.Generator) -> None:
 
 
 def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int = 6, action_dim: int = 6,
-                      chunk_size: int = 16, num_steps: int = 5, device: str = "cpu", dtype: str = "float32",
-                      seed: int = 0, attention_backend: str = "sdpa", padding: str = "max_length") -> Policy:
+                      chunk_size: int = 16, num_steps: int = 5, device: str | torch.device = "cpu",
+                      dtype: str = "float32", seed: int = 0, attention_backend: str = "sdpa",
+                      padding: str = "max_length") -> Policy:
     """Build the random-weight ``tiny`` policy: real SmolVLA code paths, honest random actions."""
     if not camera_names:
         raise ValueError("the tiny policy needs at least one camera")

@@ -39,8 +39,7 @@ class VLAPrefixCache:
     only overwrite the suffix slot, so nothing grows with the step count.
     """
 
-    def __init__(self, sliding_windows: Optional[Sequence[Optional[int]]] = None) -> None:
-        self._windows = list(sliding_windows) if sliding_windows is not None else None
+    def __init__(self) -> None:
         self._read_only = False
         self._keys: list[Tensor] | tuple[Tensor, ...] = []
         self._values: list[Tensor] | tuple[Tensor, ...] = []
@@ -84,15 +83,12 @@ class VLAPrefixCache:
         if layer_idx < 0:
             raise IndexError(f"Invalid VLA prefix cache layer: {layer_idx}; layer indices are >= 0")
         if layer_idx == n:
-            full_k, full_v = key_states, value_states
-            self._keys.append(self._windowed(full_k, layer_idx))
-            self._values.append(self._windowed(full_v, layer_idx))
+            self._keys.append(key_states)
+            self._values.append(value_states)
         else:
-            full_k = torch.cat([self._keys[layer_idx], key_states], dim=-2)
-            full_v = torch.cat([self._values[layer_idx], value_states], dim=-2)
-            self._keys[layer_idx] = self._windowed(full_k, layer_idx)
-            self._values[layer_idx] = self._windowed(full_v, layer_idx)
-        return full_k, full_v
+            self._keys[layer_idx] = torch.cat([self._keys[layer_idx], key_states], dim=-2)
+            self._values[layer_idx] = torch.cat([self._values[layer_idx], value_states], dim=-2)
+        return self._keys[layer_idx], self._values[layer_idx]
 
     def attend(self, q: Tensor, key_states: Tensor, value_states: Tensor, mask: Tensor, layer_idx: int,
                backend: str) -> Tensor:
@@ -162,19 +158,6 @@ class VLAPrefixCache:
         # in-place writes to them outside inference mode.
         return tuple(-1 if t.is_inference() else t._version for t in (*self._keys, *self._values))
 
-    def verify_unchanged(self) -> None:
-        """Raise if any cached tensor was written in place since ``freeze``."""
-        if self._read_only and self._tensor_versions() != self._versions:
-            raise ReadOnlyCacheError("a frozen VLA prefix cache tensor was modified in place")
-
-    def _windowed(self, states: Tensor, layer_idx: int) -> Tensor:
-        if self._windows is None or layer_idx >= len(self._windows):
-            return states
-        window = self._windows[layer_idx]
-        if window is None or states.shape[-2] <= window:
-            return states
-        return states[..., -window:, :]
-
     # -------------------------------------------------------------- read-only
     def _frozen_prefix(self, key_states: Tensor, value_states: Tensor, layer_idx: int) -> tuple[Tensor, Tensor]:
         """Return this layer's frozen prefix (K, V), checked unmodified and able to take these suffix states."""
@@ -232,7 +215,7 @@ class VLAPrefixCache:
                 f"(valid indices 0..{last})")
 
     def __setattr__(self, name: str, value: object) -> None:
-        if getattr(self, "_read_only", False) and name in ("_keys", "_values", "_windows", "_versions"):
+        if getattr(self, "_read_only", False) and name in ("_keys", "_values", "_versions"):
             raise ReadOnlyCacheError(f"the VLA prefix cache is read-only; cannot replace {name}")
         super().__setattr__(name, value)
 
@@ -241,14 +224,6 @@ class VLAPrefixCache:
         if not self._read_only:
             raise ReadOnlyCacheError("only a frozen VLA prefix cache has a frozen view")
         return FrozenPrefix(self._keys, self._values)
-
-    def batch_slice(self, index: int) -> "VLAPrefixCache":
-        """Return a frozen batch-1 view of request ``index`` (no copy)."""
-        out = VLAPrefixCache(self._windows)
-        out._keys = [k[index:index + 1] for k in self._keys]
-        out._values = [v[index:index + 1] for v in self._values]
-        out.freeze()
-        return out
 
 
 class FrozenPrefix:
@@ -297,22 +272,3 @@ class PrefixContext:
     @property
     def batch_size(self) -> int:
         return self.pad_mask.shape[0]
-
-
-def slice_prefix_context(context: PrefixContext, index: int) -> PrefixContext:
-    """Return a batch-1 view of request ``index`` of a batched prefix context."""
-    if not 0 <= index < context.batch_size:
-        raise IndexError(f"request index {index} outside batch of {context.batch_size}")
-
-    def take(value: object) -> object:
-        if isinstance(value, Tensor):
-            return value[index:index + 1]
-        if isinstance(value, (list, tuple)):
-            return type(value)(take(v) for v in value)
-        return value
-
-    return PrefixContext(
-        cache=context.cache.batch_slice(index),
-        pad_mask=context.pad_mask[index:index + 1],
-        extras={k: take(v) for k, v in context.extras.items()},
-    )

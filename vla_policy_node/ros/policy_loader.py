@@ -11,14 +11,14 @@ a GPU machine.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vla_policy_node.runtime.policy import error_summary, resolve_device
-from vla_policy_node.runtime.program_cache import ProgramCache
-from vla_policy_node.runtime.engine import PolicyRuntime
+from vla_policy_node.runtime.engine import PolicyRuntime, RuntimeConfig
 from vla_policy_node.loading import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import PolicySettings
 
@@ -47,7 +47,6 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
         raise PolicyLoadError(str(error)) from error
     if fallback:
         warn(fallback)
-    device = str(torch_device)
     if settings.num_threads > 0:
         torch.set_num_threads(settings.num_threads)
     cameras = feature_names(settings.camera_names)
@@ -55,13 +54,13 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
     try:
         if settings.checkpoint:
             roots = (settings.checkpoint_root,) if settings.checkpoint_root else ()
-            policy = load_policy(settings.checkpoint, device=device, dtype=settings.dtype,
+            policy = load_policy(settings.checkpoint, device=torch_device, dtype=settings.dtype,
                                  allowed_roots=roots)
         else:
             policy = build_tiny_policy(
                 camera_names=cameras, state_dim=joints, action_dim=joints,
                 chunk_size=settings.tiny_chunk_size, num_steps=settings.tiny_num_steps,
-                device=device, dtype=settings.dtype, seed=settings.tiny_seed)
+                device=torch_device, dtype=settings.dtype, seed=settings.tiny_seed)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise PolicyLoadError(f'could not load the policy: {error}') from error
     masked = sorted(set(policy.camera_names) - set(cameras))
@@ -85,25 +84,25 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
     # padding is served by a few prompt lengths, a server's batches by a few sizes, all
     # captured or compiled (or loaded from the cache) in the warm-up, none mid-control.
     # Guided (rtc) sampling needs autograd and always runs eager, so compiling would buy nothing.
-    runtime = policy.runtime
-    runtime.cuda_graphs = settings.cuda_graphs
-    runtime.batch_sizes = tuple(batch_sizes)
-    if settings.torch_compile and settings.chunking.blend == 'rtc':
+    compile_code = settings.torch_compile
+    if compile_code and settings.chunking.blend == 'rtc':
         warn("compile is off: with chunking.blend 'rtc' every chunk but an episode's first is guided (eager)")
-    elif settings.torch_compile and runtime.cuda_graphs_active:
+        compile_code = False
+    elif compile_code and settings.cuda_graphs and torch_device.type == 'cuda':
         warn('compile is ignored: on CUDA, cuda_graphs captures the prefix pass and the loop')
-    else:
-        runtime.torch_compile = settings.torch_compile
-        if settings.torch_compile:
-            runtime.program_cache = ProgramCache(
-                Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
+        compile_code = False
+    runtime = policy.runtime
+    config = RuntimeConfig(
+        cuda_graphs=settings.cuda_graphs, torch_compile=compile_code, batch_sizes=tuple(batch_sizes),
+        compile_cache_dir=Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
+    runtime.configure(config)
     try:
         policy.warmup(policy.dummy_observation())
     except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
         if not runtime.torch_compile:
             raise
         warn(f'compile failed, running eager: {error_summary(error)}')
-        runtime.torch_compile = False
+        runtime.configure(dataclasses.replace(config, torch_compile=False))
         policy.warmup(policy.dummy_observation())
     if runtime.program_cache is not None:
         cache = runtime.program_cache

@@ -14,6 +14,7 @@ import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 import numpy as np
@@ -33,6 +34,31 @@ from vla_policy_node.model.types import ModelInputs
 # program's input signature, so they stay out of the program key, and a checkpoint saved with
 # `longest` prompt padding shares its programs with the same weights saved with `max_length`.
 INPUT_ONLY_CONFIG_FIELDS = frozenset({"tokenizer_max_length", "pad_language_to", "image_size", "camera_names"})
+
+
+# How an unguided chunk runs (``PolicyRuntime.path``).
+EAGER, COMPILED, GRAPHS = "eager", "compiled", "graphs"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """
+    How a policy runs, chosen once before its warm-up (from the node's or server's parameters).
+
+    The warm-up builds what this asks for and may only step back from it (compiled code
+    slower than eager, a batch size that fails to build); guided (RTC) chunks always run eager.
+    """
+
+    cuda_graphs: bool = False                  # capture the prefix pass and the loop; acts on CUDA only
+    torch_compile: bool = False                # compile them (CUDA graphs win where both are asked)
+    batch_sizes: tuple[int, ...] = ()          # batch buckets to build (a server's); empty: each call's own
+    compile_cache_dir: Optional[Path] = None   # compiled programs' cache (None: the user's cache folder)
+
+    def path(self, device: torch.device) -> str:
+        """Return how unguided chunks run on ``device``: EAGER, COMPILED or GRAPHS."""
+        if self.cuda_graphs and device.type == "cuda":
+            return GRAPHS
+        return COMPILED if self.torch_compile else EAGER
 
 
 class FlowMatchingVLA(Protocol):
@@ -84,7 +110,7 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 cuda_graphs: bool = False, torch_compile: bool = False) -> None:
+                 config: RuntimeConfig = RuntimeConfig()) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -93,16 +119,32 @@ class PolicyRuntime:
             self.time_cond = model.time_conditioning(self.timesteps.to(device))
         self.cache = VLAPrefixCache()
         self.stats = RuntimeStats()
-        self.cuda_graphs = cuda_graphs          # only acts on CUDA; the CPU always runs eagerly
         self._graphs: dict[tuple, CudaGraphSample] = {}
-        self.torch_compile = torch_compile      # compile the prefix pass and the loop (CUDA graphs win)
-        self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         self._compiled: dict[tuple, CompiledSample] = {}
-        self.program_cache: Optional[ProgramCache] = None   # None: the user's cache folder, at the first compile
+        self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         # Shapes the graphs and programs are built for (see ``shape_buckets``); empty: each call's own.
         self.prompt_lengths: tuple[int, ...] = ()   # 'longest' padding pads a prompt up to one of these
-        self.batch_sizes: tuple[int, ...] = ()      # a server pads a batch up to one of these
         self._program_key: Optional[dict] = None
+        self.configure(config)
+
+    def configure(self, config: RuntimeConfig) -> None:
+        """Choose how chunks run, before the warm-up (which builds it); drops whatever was built before."""
+        self.config = config
+        self.path = config.path(self.device)       # the warm-up's verdict may turn COMPILED into EAGER
+        self.batch_sizes = tuple(config.batch_sizes)   # a server pads a batch up to one of these
+        self.program_cache: Optional[ProgramCache] = None   # opened at the first compile
+        self._graphs.clear()
+        self._compiled.clear()
+
+    @property
+    def torch_compile(self) -> bool:
+        """Whether unguided chunks run compiled code now."""
+        return self.path == COMPILED
+
+    @property
+    def cuda_graphs_active(self) -> bool:
+        """Whether unguided chunks replay CUDA graphs."""
+        return self.path == GRAPHS
 
     @property
     def compiled_signatures(self) -> tuple[tuple, ...]:
@@ -120,10 +162,6 @@ class PolicyRuntime:
     def graphed_signatures(self) -> tuple[tuple, ...]:
         """Input signatures (shapes, dtypes) CUDA graphs were captured for, in order."""
         return tuple(self._graphs)
-
-    @property
-    def cuda_graphs_active(self) -> bool:
-        return self.cuda_graphs and self.device.type == "cuda"
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -147,7 +185,7 @@ class PolicyRuntime:
         return velocity
 
     def sample(self, inputs: ModelInputs, noise: Tensor,
-               guide: Optional[Callable[[VelocityFn], VelocityFn]] = None) -> Tensor:
+               guide: Optional[Callable[[VelocityFn], VelocityFn]] = None, path: Optional[str] = None) -> Tensor:
         """
         Sample normalized actions (B, chunk, max_action_dim), float32.
 
@@ -155,16 +193,18 @@ class PolicyRuntime:
         sampling needs autograd, so it runs under ``no_grad`` with local
         ``enable_grad`` instead of ``inference_mode``, and always eager. Unguided
         calls with CUDA graphs or compiled code run padded up to a built bucket
-        (``bucketed``) and return only their own rows.
+        (``bucketed``) and return only their own rows. ``path`` (the warm-up's races)
+        overrides ``self.path`` for this call.
         """
         self._check_noise(noise, inputs.batch_size)
-        if guide is None and (self.cuda_graphs_active or self.torch_compile):
+        path = self.path if path is None else path
+        if guide is None and path != EAGER:
             rows = inputs.batch_size
             built_inputs, built_noise = self.bucketed(inputs, noise.to(self.device, torch.float32))
             key = input_signature(built_inputs, built_noise)
-            built = self._graphs if self.cuda_graphs_active else self._compiled
+            built = self._graphs if path == GRAPHS else self._compiled
             if key in built or self.build_new_signatures:
-                sample = self._sample_graphed if self.cuda_graphs_active else self._sample_compiled
+                sample = self._sample_graphed if path == GRAPHS else self._sample_compiled
                 return sample(built_inputs, built_noise, key)[:rows]
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
@@ -242,7 +282,7 @@ class PolicyRuntime:
         with torch.no_grad():
             if key not in self._compiled:
                 if self.program_cache is None:
-                    self.program_cache = ProgramCache()
+                    self.program_cache = ProgramCache(self.config.compile_cache_dir)
                 # The generated kernels fix their OpenMP thread count at compile time.
                 program_key = {**self.program_key(), "threads": torch.get_num_threads()}
                 self._compiled[key] = CompiledSample(self.model, self.time_cond, self.dt, self.num_steps,

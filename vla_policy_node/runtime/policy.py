@@ -18,15 +18,17 @@ from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.model.preprocessing import Preprocessor
 from vla_policy_node.model.relative_actions import RelativeActions
 from vla_policy_node.model.rtc import batch_rtc_guide, rtc_guided_velocity
-from vla_policy_node.runtime.engine import PolicyRuntime
+from vla_policy_node.runtime.engine import COMPILED, EAGER, PolicyRuntime
 from vla_policy_node.runtime.shape_buckets import prompt_buckets, with_batch_size, with_prompt_length
 from vla_policy_node.model.types import ModelInputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> tuple[torch.device, Optional[str]]:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> device, plus a message when falling back to the CPU."""
+def resolve_device(name: str | torch.device) -> tuple[torch.device, Optional[str]]:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> device, plus a message when falling back to the CPU (a device: itself)."""
+    if isinstance(name, torch.device):
+        return name, None
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu"), None
     if name == "cpu":
@@ -141,7 +143,7 @@ class Policy:
             return self._predict_with(observation, noise, guide)
 
     def _predict_with(self, observation: Mapping, noise: Optional[np.ndarray],
-                      guide: Optional[Callable[[VelocityFn], VelocityFn]]) -> np.ndarray:
+                      guide: Optional[Callable[[VelocityFn], VelocityFn]], path: Optional[str] = None) -> np.ndarray:
         t0 = time.perf_counter()
         inputs = self.preprocessor(observation).to(self.device, self.dtype)
         b = inputs.batch_size
@@ -154,7 +156,7 @@ class Policy:
                 raise ValueError(f"noise must have shape {shape}, got {tuple(x1.shape)}")
         t1 = time.perf_counter()
         self.stats.record("preprocess", t1 - t0)
-        actions = self.runtime.sample(inputs, x1, guide)
+        actions = self.runtime.sample(inputs, x1, guide, path)
         t2 = time.perf_counter()
         out = self.action_normalizer.unnormalize(actions[..., :self.action_dim].float().cpu().numpy())
         if self.relative_actions is not None:
@@ -241,8 +243,8 @@ class Policy:
         model whose compiled code loses compiles one batch size, not all of them.
         """
         runtime = self.runtime
-        self.threads, self.threads_report, self.build_report = None, "", ""
-        building = runtime.torch_compile or runtime.cuda_graphs_active
+        self.threads, self.threads_report, self.build_report, self.compile_report = None, "", "", ""
+        building = runtime.path != EAGER
         runtime.build_new_signatures = True
         try:
             if building:
@@ -254,16 +256,11 @@ class Policy:
                 self.predict_action_chunk(observation)
         finally:
             runtime.build_new_signatures = False     # never build mid-control: a new shape runs eager
-        compiling = runtime.torch_compile
         if self.device.type == "cpu" and race_rounds > 0:
-            runtime.torch_compile = False        # the thread race is eager's
-            try:
-                self._race_threads(observation, race_rounds)
-            finally:
-                runtime.torch_compile = compiling
-        if compiling and race_rounds > 0:
+            self._race_threads(observation, race_rounds)
+        if runtime.path == COMPILED and race_rounds > 0:
             self._race(observation, race_rounds)
-        if building and (runtime.torch_compile or runtime.cuda_graphs_active):
+        if building and runtime.path != EAGER:
             self._grow_batch_buckets(observation, inputs, noise, race_rounds if runtime.torch_compile else 0)
         runtime.cache.reset()
         self.stats.clear()
@@ -309,10 +306,8 @@ class Policy:
             if rounds == 0 or inputs.batch_size != 1:
                 continue
             rows = sizes[index - 1] + 1
-            try:             # eager as it would run these rows: at the configured thread count, as compiled code won
-                fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
-            finally:
-                runtime.torch_compile, self.threads = True, None
+            # eager as it would run these rows: at the configured thread count, as compiled code won
+            fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
             verdicts.append(f"{size} {'kept' if fast <= slow else 'dropped'} "
                             f"({fast:.1f} vs {slow:.1f} ms at {rows} rows)")
             if fast > slow:
@@ -332,7 +327,7 @@ class Policy:
         runtime = self.runtime
         eager_threads = self.threads
         fast, slow = self._time_compiled_against_eager(observation, rounds, eager_threads)
-        runtime.torch_compile = fast <= slow
+        runtime.path = COMPILED if fast <= slow else EAGER
         self.threads = None if runtime.torch_compile else eager_threads
         if runtime.torch_compile and eager_threads is not None:
             self.threads_report += f"; compiled code won, running with {torch.get_num_threads()}"
@@ -344,18 +339,21 @@ class Policy:
     def _time_compiled_against_eager(self, observation: Mapping, rounds: int,
                                      eager_threads: Optional[int]) -> tuple[float, float]:
         """Return the median compiled and eager chunk times (ms), alternating ``rounds`` times."""
-        runtime, times = self.runtime, {True: [], False: []}
+        times: dict[str, list[float]] = {COMPILED: [], EAGER: []}
         for _ in range(rounds):
-            for compiled in (True, False):
-                runtime.torch_compile = compiled
-                self.threads = None if compiled else eager_threads
+            for path, threads in ((COMPILED, None), (EAGER, eager_threads)):
                 if eager_threads is not None:
-                    self.predict_action_chunk(observation)      # the first chunk after a thread switch pays for it
-                t0 = time.perf_counter()
-                self.predict_action_chunk(observation)
-                times[compiled].append(time.perf_counter() - t0)
-        fast, slow = (float(np.median(times[c])) * 1e3 for c in (True, False))
+                    self._timed_chunk(observation, path, threads)   # the first chunk after a thread switch pays for it
+                times[path].append(self._timed_chunk(observation, path, threads))
+        fast, slow = (float(np.median(times[p])) * 1e3 for p in (COMPILED, EAGER))
         return fast, slow
+
+    def _timed_chunk(self, observation: Mapping, path: str, threads: Optional[int]) -> float:
+        """Return the seconds one unguided chunk takes on ``path`` with ``threads`` CPU threads (None: as set)."""
+        with cpu_threads(threads):
+            t0 = time.perf_counter()
+            self._predict_with(observation, None, None, path)
+            return time.perf_counter() - t0
 
     def _race_threads(self, observation: Mapping, rounds: int) -> None:
         """
@@ -371,19 +369,14 @@ class Policy:
         budget = torch.get_num_threads()
         if budget == 1:
             return
-        t0 = time.perf_counter()
-        self.predict_action_chunk(observation)
-        if time.perf_counter() - t0 > 0.5:
+        if self._timed_chunk(observation, EAGER, None) > 0.5:
             return
         counts = sorted({budget, *(2 ** k for k in range(budget.bit_length()) if 2 ** k < budget)})
         times: dict[int, list[float]] = {n: [] for n in counts}
         for _ in range(rounds):
             for n in counts:
-                with cpu_threads(n):
-                    self.predict_action_chunk(observation)          # the first chunk after a switch pays for it
-                    t0 = time.perf_counter()
-                    self.predict_action_chunk(observation)
-                    times[n].append(time.perf_counter() - t0)
+                self._timed_chunk(observation, EAGER, n)          # the first chunk after a switch pays for it
+                times[n].append(self._timed_chunk(observation, EAGER, n))
         ms = {n: float(np.median(t)) * 1e3 for n, t in times.items()}
         best = min(counts, key=ms.__getitem__)
         if ms[best] > 0.95 * ms[budget]:

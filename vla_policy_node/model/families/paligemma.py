@@ -22,10 +22,8 @@ published configurations) unless a ``tiny_dims.json`` overrides them.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -178,14 +176,6 @@ class PiConfig:
                    camera_names=tuple(k for k, v in features.items() if v.get("type") == "VISUAL"),
                    state_dim=int(state[0]), action_dim=int(action[0]),
                    empty_cameras=config.get("empty_cameras", 0))
-
-    @classmethod
-    def from_dir(cls, checkpoint_dir: Path) -> "PiConfig":
-        """``config.json`` of a checkpoint folder, with ``tiny_dims.json`` beside it when present."""
-        config = json.loads((checkpoint_dir / "config.json").read_text())
-        tiny_path = checkpoint_dir / "tiny_dims.json"
-        tiny = json.loads(tiny_path.read_text()) if tiny_path.is_file() else None
-        return cls.from_checkpoint(config, tiny)
 
 
 class PaliGemma(nn.Module):

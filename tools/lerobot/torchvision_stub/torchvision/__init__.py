@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stand-in for ``torchvision`` in the LeRobot fixture venvs (tools/lerobot/setup_env.sh).
 
 LeRobot >= 0.5 imports torchvision at module level in places that the SmolVLA / pi0 / pi0.5 *inference* paths

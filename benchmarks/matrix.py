@@ -2,7 +2,7 @@
 """
 The overhead-bound matrix: eager and compiled against LeRobot over threads, batch, cameras and padding.
 
-    python -m vla_policy_node.bench.matrix --threads 1 2 --batch 1 2 4 --cameras 1 3 \
+    python -m benchmarks.matrix --threads 1 2 --batch 1 2 4 --cameras 1 3 \
         --padding max_length longest --out /tmp/matrix
 
 Each configuration runs ``vla-policy-bench tiny`` twice, eager then ``--compile``, each in
@@ -67,7 +67,7 @@ HEADER = ("| threads | batch | cameras | padding (prompt tokens) | eager ms | co
 
 def main(argv: list[str] | None = None) -> int:
     """Run the product of the given axes and print the table."""
-    p = argparse.ArgumentParser(prog="python -m vla_policy_node.bench.matrix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.matrix", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--cameras", type=int, nargs="+", default=[1, 3])

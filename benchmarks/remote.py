@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-``python -m vla_policy_node.bench.remote``: one vla_policy_server for N robots against N local nodes.
+``python -m benchmarks.remote``: one vla_policy_server for N robots against N local nodes.
 
 Served: the real ``vla_policy_server`` runs as a subprocess (tiny model, ``--threads`` torch
 threads, its own ROS_DOMAIN_ID, localhost only); this process plays N robots with the real
@@ -158,7 +158,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
 LOCAL_WORKER = '''
 import json, sys, time
 import torch
-from vla_policy_node.bench.remote import observation
+from benchmarks.remote import observation
 from vla_policy_node.loading.load import build_tiny_policy
 index, threads, seconds, h, w, start = sys.argv[1:7]
 torch.set_num_threads(int(threads))
@@ -203,6 +203,7 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
     import torch
 
     from vla_policy_node.loading.load import build_tiny_policy, load_policy
+    from vla_policy_node.runtime.engine import EAGER, RuntimeConfig
     from vla_policy_node.runtime.shape_buckets import batch_buckets, smallest_holding
 
     torch.set_num_threads(threads)
@@ -217,12 +218,12 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
     runtime = policy.runtime
     flag = 'cuda_graphs' if policy.device.type == 'cuda' else 'torch_compile'
     if built:
-        runtime.batch_sizes = batch_buckets(max(sizes))
-        setattr(runtime, flag, True)
+        runtime.configure(RuntimeConfig(**{flag: True}, batch_sizes=batch_buckets(max(sizes))))
         t0 = time.perf_counter()
         policy.warmup(policy.dummy_observation(), iterations=1, race_rounds=0)
         print(f'built {len(runtime.compiled_signatures) + len(runtime.graphed_signatures)} shapes '
               f'({flag}) in {time.perf_counter() - t0:.1f} s', file=sys.stderr)
+    built_path = runtime.path
     h, w = policy.preprocessor.image_size
     names = [c.split('.')[-1] for c in policy.camera_names]
     rows = []
@@ -237,7 +238,7 @@ def batch_cost(config: str, sizes: list[int], iters: int, threads: int, device: 
         times: dict[bool, list[float]] = {mode: [] for mode in modes}
         for i in range(iters + 1):                   # the first round is untimed
             for mode in modes:
-                setattr(runtime, flag, mode)
+                runtime.path = built_path if mode else EAGER
                 t0 = time.perf_counter()
                 policy.predict_action_chunks(batch, [None] * size)
                 if i:

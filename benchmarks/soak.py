@@ -17,7 +17,7 @@ objects (found through the garbage collector). Every command the loop publishes 
 against the limits, the step limit and the age of its observation. It exits 1 if more caches
 are alive than ``--max-caches``, if any command broke a limit, or if inference failed.
 
-Run: ``python -m vla_policy_node.bench.soak [--steps 10000] [--rate-hz 1000]``.
+Run: ``python -m benchmarks.soak [--steps 10000] [--rate-hz 1000]``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ baseline) and then at the high rate, for ``--seconds`` each. The node's CPU time
 /proc; the cost of the inputs is the difference between the two runs, in percent of one core.
 The node keeps commanding throughout (commands per second are reported).
 
-Run: ``python -m vla_policy_node.bench.input_load [--seconds 10]``.
+Run: ``python -m benchmarks.input_load [--seconds 10]``.
 """
 
 from __future__ import annotations

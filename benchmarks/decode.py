@@ -2,7 +2,7 @@
 """
 Camera frame conversion cost at the tick: raw rgb8 vs image_transport's jpeg and png.
 
-    python -m vla_policy_node.bench.decode [--width 640 --height 480 --repeats 200]
+    python -m benchmarks.decode [--width 640 --height 480 --repeats 200]
 
 The frame is a synthetic scene (smooth shading, edges and sensor-like noise), encoded with
 compressed_image_transport's defaults (jpeg_quality 95, png_level 3). Times are medians of

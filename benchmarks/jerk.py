@@ -17,7 +17,7 @@ node holds the last command when starved.
 Jerk = third difference of published commands (rad per step^3, 2-norm over joints),
 reported at chunk boundaries (the 3 differences spanning each switch) and overall.
 
-Run: ``python -m vla_policy_node.bench.jerk``.
+Run: ``python -m benchmarks.jerk``.
 """
 
 from __future__ import annotations

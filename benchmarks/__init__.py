@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmarks only developers run, from the repository root (``python -m benchmarks.NAME``); not installed."""
