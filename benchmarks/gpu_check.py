@@ -3,7 +3,7 @@
 ``make gpu-check``: the CUDA tests and the GPU benchmarks in one run (under 5 minutes), then one table of the goals.
 
 Runs, each in its own process (so each starts with an empty GPU): the CUDA tests of
-``test/test_fast_paths.py``; ``vla-policy-bench smolvla`` in float32 and bfloat16, with
+``test/runtime/test_fast_paths.py``; ``vla-policy-bench smolvla`` in float32 and bfloat16, with
 and without CUDA graphs; ``pi0`` in bfloat16 with CUDA graphs, with 1 and 3 cameras.
 It needs only torch, numpy, safetensors, tokenizers and pytest (no ROS), so it runs with
 a GPU machine's own Python (``make gpu-check`` uses ``python3`` when there is no venv).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 300.0
 # Peak memory bandwidth (GB/s) of GPUs by name, from their data sheets; others are measured.
 PEAK_BANDWIDTH_GBS = {"H200": 4800.0, "H100 NVL": 3900.0, "H100 SXM": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0,
@@ -149,8 +149,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     try:
-        tests_rc = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "test" / "test_fast_paths.py"), "-q",
-                                   "-k", "cuda"], cwd=REPO, env=env, timeout=args.budget / 3).returncode
+        tests_rc = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "test" / "runtime" / "test_fast_paths.py"),
+                                   "-q", "-k", "cuda"], cwd=REPO, env=env, timeout=args.budget / 3).returncode
         tests = "passed" if tests_rc == 0 else f"FAILED (exit {tests_rc})"
     except subprocess.TimeoutExpired:
         tests_rc, tests = 1, f"stopped after {args.budget / 3:.0f} s, a third of the budget"

@@ -27,7 +27,7 @@ import yaml
 from vla_policy_node.ament_registration import installed_executable
 from vla_policy_node.bench.dds import DOMAIN_ID, ros_env
 
-CONFIG = Path(__file__).resolve().parents[2] / 'config' / 'default.yaml'
+CONFIG = Path(__file__).resolve().parents[1] / 'config' / 'default.yaml'
 
 
 def cpu_seconds(pid: int) -> float:
