@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -116,9 +117,13 @@ class Soak:
         self.loop = ControlLoop(settings, SchedulerConfig(control_rate_hz=args.rate_hz, horizon=policy.chunk_size),
                                 self.worker, self.publish)
         self.rng = np.random.default_rng(args.seed)
-        self.counters = {"commands": 0, "outside_limits": 0, "over_max_step": 0, "stale": 0}
+        self.main = threading.current_thread()
+        self.counters = {"commands": 0, "outside_limits": 0, "over_max_step": 0, "over_wall_clock_step": 0,
+                         "stale": 0}
         self.loop_horizon = policy.chunk_size
         self.previous: np.ndarray | None = None
+        self.previous_at = 0.0
+        self.tick_now = 0.0             # the loop clock of the tick running (messages may leave from a result too)
 
     def publish(self, points: np.ndarray, obs_times: np.ndarray | None, joints: np.ndarray | None) -> None:
         """Check a command of the loop (its sink) against every limit and its age, then move the robot (one topic)."""
@@ -128,6 +133,13 @@ class Soak:
             self.counters["outside_limits"] += 1
         if self.previous is not None and np.any(np.abs(command - self.previous) > max_delta):
             self.counters["over_max_step"] += 1
+        now = max(self.tick_now, time.perf_counter() if threading.current_thread() is not self.main else 0.0)
+        # In loop-clock time: max_velocity times the time since the last message, plus one period's
+        # allowance (a message may stop the setpoint where the controllers are, short of the last one).
+        if self.previous is not None and np.any(np.abs(command - self.previous)
+                                                > self.limits.max_velocity * (now - self.previous_at) + max_delta):
+            self.counters["over_wall_clock_step"] += 1
+        self.previous_at = now
         age_limit = self.loop.settings.action_age_limit(self.loop_horizon)
         if obs_times is not None and time.perf_counter() - obs_times[0] > age_limit:
             self.counters["stale"] += 1
@@ -147,6 +159,7 @@ class Soak:
         for name, frame in frames.items():
             self.loop.on_image(name, frame, now, None)
         self.loop.on_joint_state(self.loop.settings.joint_names, state, now, None)
+        self.tick_now = now
         self.loop.tick(now)
 
     def run(self) -> int:
@@ -209,7 +222,8 @@ class Soak:
         failures = []
         if max_caches > args.max_caches:
             failures.append(f"{max_caches} live prefix caches > {args.max_caches}")
-        violations = sum(self.counters[key] for key in ("outside_limits", "over_max_step", "stale"))
+        violations = sum(self.counters[key] for key in ("outside_limits", "over_max_step", "over_wall_clock_step",
+                                                        "stale"))
         if violations:
             failures.append(f"{violations} commands broke a limit, the step limit or the age limit")
         faults = {key: value for key, value in counters.items()   # stale: the loop refusing a slow chunk

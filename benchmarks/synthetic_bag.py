@@ -60,7 +60,7 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
     base = scene(height, width)
     with BagWriter(path) as writer:
         sink = Sink(writer)
-        outputs = CommandOutputs(sink, settings.command_groups, qos=None)
+        outputs = CommandOutputs(sink, settings.command_groups, qos=None, watch=False)
         events = sorted([(t, 'joints') for t in np.arange(0.0, seconds, 1.0 / joint_hz)]
                         + [(t, 'camera') for t in np.arange(0.0, seconds, 1.0 / camera_hz)]
                         + [(t, 'command') for t in np.arange(0.0, seconds, 1.0 / command_hz)])

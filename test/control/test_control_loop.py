@@ -90,7 +90,7 @@ def test_a_robot_measured_outside_its_limits_is_never_commanded_outside_them():
         rig.step([0.0, 0.0, 4.0], chunk=ramp(0.0, 4.0))     # gripper reads 4.0, limit 3.14
     assert rig.sent == [], 'nothing can be commanded inside the limits within one step'
     status = rig.loop.status(rig.now, 1.0)
-    assert status.level == ERROR and "['gripper'] are measured outside their limits" in status.state
+    assert status.level == ERROR and 'beyond their position limits: gripper 4.000' in status.state
     assert rig.loop.stop(rig.now) is False, 'no hold either: it would be outside the limits'
     nearly = Rig()
     for _ in range(3):
@@ -640,7 +640,7 @@ def test_a_tracking_tolerance_below_one_full_speed_step_is_warned_of_at_start_an
     loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.05, 0.05, np.inf)))   # unchanged: said once
     assert logs == []
     loop.update(LoopSettings(JOINTS, ('front',), RATE, tracking(0.1, 0.2, np.inf)))
-    assert logs == []
+    assert [text for _, text in logs if 'below one period' in text] == [], 'no longer below: nothing to warn of'
     assert tracking(0.05, 0.2, 0.01).tracking_below_one_step(DT) == [0, 2]
     assert tracking(0.05, 0.2, 0.01).tracking_below_one_step(DT / 100) == []     # one step: 0.0002
 
@@ -672,10 +672,13 @@ def test_an_operator_restarts_a_loop_that_refuses_to_resume_from_where_the_robot
     assert rig.loop.restart_from_measured(rig.now) == 'no fresh joint state to start from'
     rig.feed([1.0, 1.0, 0.0])
     assert rig.loop.restart_from_measured(rig.now) is None
-    for _ in range(3):
+    for _ in range(14):
         rig.step([1.0, 1.0, 0.0], chunk=ramp(1.2, 0.0))
     assert rig.state() == 'commanding'
-    assert np.all(np.abs(rig.commands()[sent] - [1.0, 1.0, 0.0]) <= 0.1 + 1e-12), 'from where it is'
+    walk = rig.commands()[sent - 1:]
+    assert np.all(np.abs(np.diff(walk, axis=0)) <= 0.1 + 1e-12), 'walked there at the step limit, no jump'
+    assert np.allclose(walk[9], [1.0, 1.0, 0.0]), 'the setpoint reached where the robot is'
+    assert np.all(np.abs(rig.commands()[-1] - [1.0, 1.0, 0.0]) <= 0.1 * 4 + 1e-12), 'then commanded from there'
     assert rig.loop.stop(rig.now)
     assert rig.loop.restart_from_measured(rig.now) == 'the control loop is stopped'
 
@@ -808,3 +811,116 @@ def test_an_unheard_joint_measured_beyond_its_limits_does_not_keep_the_hold_from
     rig.feed([points[0, 0], points[0, 1], 3.5])
     assert rig.loop.stop(rig.now)
     assert len(rig.sent) == count + 2 and rig.sent_to[-1].tolist() == [True, True, False]
+
+
+def jtc_velocities(messages: list[tuple[float, np.ndarray]], start: np.ndarray, dt: float) -> np.ndarray:
+    """
+    Replay messages (time, points (T, J)) through a joint_trajectory_controller model; the speeds it asks.
+
+    On each message the controller interpolates from its setpoint at that moment to point 0 one
+    period later, point i at (i + 1) periods; returns every segment's speed (N, J).
+    """
+    speeds = []
+    setpoint, path, path_start = start, np.asarray(start)[None, :], None
+    for t, points in messages:
+        if path_start is not None:
+            periods = min((t - path_start) / dt, len(path) - 1)
+            k = min(int(periods), len(path) - 2)
+            setpoint = path[k] + (periods - k) * (path[k + 1] - path[k])
+        path, path_start = np.vstack([setpoint, points]), t
+        speeds.extend(np.abs(np.diff(path, axis=0)) / dt)
+    return np.array(speeds)
+
+
+def test_ticks_milliseconds_apart_after_a_stall_never_outrun_the_velocity_limit():
+    """
+    An executor stall (a large frame decoding) runs two or three ticks a few ms apart: a few ms of motion each.
+
+    The gripper is on a forward command controller, which jumps to each message's first point.
+    """
+    rig = Rig(first_point_joints=(2,))
+    far = np.column_stack([np.full(4, 3.0)] * 3)           # the policy asks for full speed all the time
+    rig.step([0.0, 0.0, 0.0], chunk=far)
+    times, before = [], len(rig.sent)
+    for _ in range(6):
+        times.append(rig.now)
+        rig.step(list(rig.commands()[-1]) if rig.sent else [0.0, 0.0, 0.0], chunk=far)
+    for gap in (0.0014, 0.003, 0.0234):                   # after a stall of 1.7 periods
+        rig.now += 1.7 * DT if gap == 0.0014 else gap
+        times.append(rig.now)
+        rig.feed(list(rig.commands()[-1]))
+        rig.loop.tick(rig.now)
+    sent = rig.sent[before:]
+    assert len(sent) == len(times) and all(obs is not None for _, obs in sent[-3:]), 'the burst commands actions'
+    first = np.array([points[0] for points, _ in sent])
+    for i in range(1, len(first)):
+        elapsed = times[i] - times[i - 1]
+        assert np.all(np.abs(first[i] - first[i - 1]) <= LIMITS.max_velocity * elapsed + 1e-9), (i, elapsed)
+    speeds = jtc_velocities(list(zip(times, (points[:, :2] for points, _ in sent))), np.zeros(2), DT)
+    assert speeds.max() <= LIMITS.max_velocity.max() + 1e-9, speeds.max()
+
+
+def test_a_restart_far_from_the_measured_state_walks_there_instead_of_jumping():
+    """Restarted in a camera-stale hold with a joint 1.5 rad off its command: one step per period to it."""
+    rig = Rig()
+    for _ in range(4):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    command = rig.commands()[-1].copy()
+    rig.now += 0.6                                         # the camera stops; the joint states go on
+    rig.loop.on_joint_state(JOINTS, [command[0] + 1.5, command[1], command[2]], rig.now, None)
+    rig.loop.tick(rig.now)
+    assert 'front' in rig.state()
+    held = len(rig.sent)
+    assert rig.loop.restart_from_measured(rig.now) is None
+    for _ in range(20):
+        rig.now += DT
+        rig.loop.on_joint_state(JOINTS, [command[0] + 1.5, command[1], command[2]], rig.now, None)
+        rig.loop.tick(rig.now)
+    walk = rig.commands()[held - 1:]
+    assert len(walk) > 15 and np.all(np.abs(np.diff(walk, axis=0)) <= 0.1 + 1e-12), 'no jump: one step per period'
+    assert np.isclose(walk[-1][0], command[0] + 1.5) and np.allclose(walk[-1][1:], command[1:])
+    assert 'front' in rig.state(), 'still holding on the stale camera, the setpoint where the arm is'
+    steps = len(rig.sent)
+    rig.step([command[0] + 1.5, command[1], command[2]], chunk=ramp(1.6, 0.0))
+    rig.step([command[0] + 1.5, command[1], command[2]], chunk=ramp(1.6, 0.0))
+    assert rig.state() == 'commanding' and len(rig.sent) > steps
+    assert np.all(np.abs(rig.commands()[steps - 1:][1:] - rig.commands()[steps - 1:][:-1]) <= 0.1 + 1e-12)
+
+
+def test_a_joint_measured_beyond_its_limits_while_commanding_holds_until_it_is_back():
+    """A gripper's sensor reading 4.0 (limit 3.14) gets no command, tracked or not, until it reads inside again."""
+    rig = Rig()
+    for _ in range(4):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    assert rig.state() == 'commanding'
+    sent = len(rig.sent)
+    for _ in range(10):
+        rig.step([0.1, 0.1, 4.0], chunk=ramp(0.1, 0.0))
+    status = rig.loop.status(rig.now, 1.0)
+    assert status.level == ERROR and 'gripper 4.000' in status.state
+    assert len(rig.sent) == sent + 1 and rig.sent[-1][1] is None, 'one hold, then nothing'
+    assert status.counters['joints_outside_limits'] == 1
+    for _ in range(3):
+        rig.step([0.1, 0.1, 0.0], chunk=ramp(0.1, 0.0))
+    assert rig.state() == 'commanding'
+
+
+def test_limits_loosened_back_within_the_envelope_are_a_logged_safety_event():
+    lines = []
+    rig = Rig()
+    rig.loop._log = lambda severity, text: lines.append((severity, text))
+    for _ in range(3):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.0, 0.0))
+    tight = dataclasses.replace(rig.loop.settings, limits=MotionLimits(
+        np.full(3, -1.0), np.full(3, 1.0), np.full(3, 1.0), 0.05), max_observation_age=0.3)
+    rig.loop.update(tight)
+    assert not any('safety event' in text for _, text in lines), 'tightening is no event'
+    back = dataclasses.replace(tight, limits=LIMITS, max_observation_age=0.5)
+    assert rig.loop.check_update(back) is None, 'back to the values given at start: a parameter set may'
+    rig.loop.update(back)
+    (event,) = [(severity, text) for severity, text in lines if 'safety event' in text]
+    assert event[0] == 'warning'
+    for part in ('lower (shoulder -1 -> -3.14', 'max_velocity', 'max_step (0.05 -> 0.1)',
+                 'max_observation_age (0.3 -> 0.5)'):
+        assert part in event[1], event[1]
+    assert rig.loop.status(rig.now, 1.0).counters['limits_loosened'] == 1

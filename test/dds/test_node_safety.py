@@ -9,6 +9,7 @@ step limit (``assert_safe``), across resets and faults.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from builtin_interfaces.msg import Time
@@ -75,8 +76,8 @@ def assert_safe(probe: SafetyProbe, start: int = 0) -> None:
     """
     Check every command from ``start`` on: inside the limits, and no jump.
 
-    A message's first point is within max_step of a point of the message before (the
-    controllers run through a message, so after a pause it steps from a later point), or,
+    A message's first point is within max_step of the way the message before runs (the
+    controllers interpolate through a message, so after a pause it steps from a later point), or,
     when it resumes after a hold from where the robot is (this probe's robot does not follow
     its commands), within max_step and a step of the measured state. Points of one message
     are within max_step of each other.
@@ -88,7 +89,9 @@ def assert_safe(probe: SafetyProbe, start: int = 0) -> None:
         assert np.all(points >= LOWER - 1e-9) and np.all(points <= UPPER + 1e-9)
         assert np.all(np.abs(np.diff(points, axis=0)) <= MAX_STEP + 1e-9)
     for before, points, robot in zip(messages, messages[1:], measured[1:]):
-        from_before = np.abs(before - points[0]).max(axis=1).min()
+        way = np.vstack([before[:1], before])             # each segment of the way, a lone point too
+        low, high = np.minimum(way[:-1], way[1:]), np.maximum(way[:-1], way[1:])
+        from_before = np.maximum(np.maximum(low - points[0], points[0] - high), 0.0).max(axis=1).min()
         from_robot = np.abs(robot - points[0]).max()
         assert from_before <= MAX_STEP + 1e-9 or from_robot <= 2 * MAX_STEP + 1e-9, \
             f'a jump: {from_before:.3f} from the message before, {from_robot:.3f} from the robot'
@@ -194,6 +197,32 @@ def test_another_publisher_on_the_command_topic_stops_commands(system):
         assert probe.policy_status.get('level') == '2'
     finally:
         probe.node.destroy_publisher(intruder)
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    assert_safe(probe)
+
+
+def test_a_publisher_that_appears_for_60_ms_every_half_second_is_noticed(system):
+    """Matched events catch an intruder the graph poll (every 0.1 s) may never see; it holds the node."""
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    stop = threading.Event()
+
+    def intrude() -> None:
+        while not stop.is_set():
+            intruder = probe.node.create_publisher(JointTrajectory, CONFIG['command_topic'], COMMAND_QOS)
+            time.sleep(0.06)
+            probe.node.destroy_publisher(intruder)
+            stop.wait(0.44)
+    thread = threading.Thread(target=intrude, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: 'other publisher' in probe.state(), 6.0), probe.state()
+        count = probe.command_count()
+        time.sleep(1.5)
+        assert probe.command_count() <= count + 1, 'commanded between the intruder\'s appearances'
+    finally:
+        stop.set()
+        thread.join()
     assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
     assert_safe(probe)
 

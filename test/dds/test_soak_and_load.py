@@ -18,7 +18,7 @@ def test_soak_drives_the_control_loop_without_a_violation():
         cwd=Path(__file__).resolve().parents[2])     # benchmarks/ is beside the package, not installed
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    assert "'outside_limits': 0, 'over_max_step': 0, 'stale': 0" in out
+    assert "'outside_limits': 0, 'over_max_step': 0, 'over_wall_clock_step': 0, 'stale': 0" in out
     assert 'live prefix caches: at most 1' in out
     assert 'FAIL' not in out
 

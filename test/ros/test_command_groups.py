@@ -10,6 +10,8 @@ forward_command_controller: data of exactly its joint count, in its joint order.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from std_msgs.msg import Float64MultiArray
@@ -109,7 +111,7 @@ class FakeNode:
 def test_the_safe_command_is_split_by_group_as_the_controllers_expect(velocities):
     settings = settings_from_values({**VALUES, **GROUPS})
     node = FakeNode()
-    outputs = CommandOutputs(node, settings.command_groups, qos=None, velocities=velocities)
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, velocities=velocities, watch=False)
     assert node.publishers['arm_controller/joint_trajectory'][0] is JointTrajectory
     assert node.publishers['gripper_controller/commands'][0] is Float64MultiArray
     dt = 0.05
@@ -135,7 +137,7 @@ def test_a_hold_for_some_joints_goes_to_their_groups_only():
     """The loop's hold to the topics that listen: the gripper's topic (no subscriber) gets nothing."""
     settings = settings_from_values({**VALUES, **GROUPS})
     node = FakeNode()
-    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, watch=False)
     points = np.arange(6, dtype=float)[None, :] * 0.1                          # (1, J)
     outputs.publish(points, 0.05, np.array([True] * 5 + [False]))
     (trajectory,) = node.publishers['arm_controller/joint_trajectory'][1].messages
@@ -159,7 +161,7 @@ def test_the_link_names_the_topic_the_loops_refusal_is_about():
     """Another publisher is refused before a missing subscriber: the reason names that topic."""
     settings = settings_from_values({**VALUES, **GROUPS})
     node = FakeNode()
-    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, watch=False)
     arm, gripper = (node.publishers[t][1] for t in ('arm_controller/joint_trajectory', 'gripper_controller/commands'))
     arm.subscribers, gripper.subscribers = 0, 1
     assert outputs.link((0, 1)) == (0, 1, 'gripper_controller/commands', (0, 1, 2, 3, 4))
@@ -172,10 +174,42 @@ def test_the_link_names_every_contested_topic_with_its_count():
     """The loop reports the sum of other publishers: with several topics, each says its share."""
     settings = settings_from_values({**VALUES, **GROUPS})
     node = FakeNode()
-    outputs = CommandOutputs(node, settings.command_groups, qos=None)
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, watch=False)
     assert outputs.link((1, 2))[1:3] == (
         3, 'arm_controller/joint_trajectory (1) and gripper_controller/commands (2)')
     assert outputs.link((0, 2))[1:3] == (2, 'gripper_controller/commands')
     for publisher in (node.publishers[t][1] for t in node.publishers):
         publisher.subscribers = 0
     assert outputs.link((0, 0))[2] == 'arm_controller/joint_trajectory and gripper_controller/commands'
+
+
+class WatchedNode(FakeNode):
+    """A FakeNode whose subscriptions keep their matched-event callback, for the test to fire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matched = {}
+
+    def create_subscription(self, kind, topic, callback, qos, raw=False, event_callbacks=None):
+        self.matched[topic] = event_callbacks.matched
+        return object()
+
+
+def test_a_publisher_that_appears_for_a_few_ms_keeps_its_topic_contested_for_a_while():
+    """Matched events see a publisher however briefly it lives; the graph poll may never."""
+    settings = settings_from_values({**VALUES, **GROUPS})
+    node, clock = WatchedNode(), [10.0]
+    outputs = CommandOutputs(node, settings.command_groups, qos=None, clock=lambda: clock[0])
+    arm = 'arm_controller/joint_trajectory'
+    for publisher in (node.publishers[t][1] for t in node.publishers):
+        publisher.subscribers = 2                       # the controller and this node's own watcher
+    node.matched[arm](SimpleNamespace(current_count=1))          # the watcher matched this node's publisher
+    assert outputs.link((0, 0))[:2] == (1, 0), 'the watcher is no controller'
+    node.matched[arm](SimpleNamespace(current_count=2))          # an intruder for 60 ms ...
+    clock[0] += 0.06
+    node.matched[arm](SimpleNamespace(current_count=1))          # ... gone again before any graph poll
+    assert outputs.link((0, 0))[1:3] == (1, arm)
+    clock[0] += 0.9
+    assert outputs.link((0, 0))[1] == 1, 'back every 0.5 s: still contested in between'
+    clock[0] += 0.2
+    assert outputs.link((0, 0))[1] == 0

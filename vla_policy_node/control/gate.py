@@ -49,13 +49,15 @@ class Gate:
         * finite, and inside the *current* position limits (a robot measured outside them by
           more than one step cannot be reached by a safe command: nothing is sent);
         * within ``min(max_step, max_velocity / rate)`` of what the controllers execute now,
-          or of the fresh measured state for the first command of a segment (``holds``);
+          or of the fresh measured state for the first command of a segment (``holds``), and
+          its first point within ``max_velocity`` times the loop-clock time since the last
+          message of that message's first point (``Holds.first_point_band``);
         * after a hold, never for a robot moved meanwhile, and while commanding never for a
           joint that does not follow its command (``Holds.moved_during_hold``,
           ``Holds.not_following``);
         * computed from observations at most ``max_action_age`` old when it executes (``ages``).
 
-        A hold repeats the point executed now; latched, it steps from there toward where the
+        A hold repeats the point due now (``Holds.due_point``); latched, it steps toward where the
         joints were found (``walk``: the whole way, for a last hold). With stale joint states
         or unheard joints measured beyond their limits it goes to the other topics only.
         """
@@ -66,7 +68,8 @@ class Gate:
         settings = self._holds.settings
         limits = settings.limits
         try:
-            safe, clamped = limits.clamp_sequence(targets, reference, settings.dt)
+            safe, clamped = limits.clamp_sequence(targets, reference, settings.dt,
+                                                  first_band=self._holds.first_point_band(now))
             check_finite(safe, 'command')
         except SafetyError as error:
             return Refusal(f'unsafe command: {error}', ERROR)
@@ -76,7 +79,7 @@ class Gate:
             return Refusal(f'joints {joints} are measured outside their limits by more than one '
                            'step: nothing can be commanded until they are back inside', ERROR)
         self._sink(safe, obs_times, send_to)
-        self._record(now, safe, plan is None, clamped, send_to)
+        self._record(now, safe, reference, plan is None, clamped, send_to)
         return None
 
     def _targets(self, now: float, plan: Plan | None, walk: bool) -> Refusal | tuple:
@@ -97,7 +100,7 @@ class Gate:
             if moved is not None:
                 return moved
         if plan is None:
-            return self._holds.hold_targets(reference, walk), None, reference, send_to
+            return self._holds.hold_targets(now, reference, walk), None, reference, send_to
         lagging = self._holds.not_following(now, reference)
         if lagging is not None:
             return lagging
@@ -107,11 +110,12 @@ class Gate:
             return ages.stale(self._holds.settings, self._horizon(), now, plan)
         return targets, plan.obs_times[:len(targets)], reference, send_to
 
-    def _record(self, now: float, safe: np.ndarray, hold: bool, clamped: np.ndarray,
+    def _record(self, now: float, safe: np.ndarray, reference: np.ndarray, hold: bool, clamped: np.ndarray,
                 send_to: np.ndarray | None) -> None:
         """Record a message that left: the step limit's start, and the counters."""
         state = self._state
         state.sent, state.sent_at = safe.copy(), now      # unsent joints are unheard: next from measured
+        state.sent_from = reference.copy()
         if state.link_problem is None and send_to is None:   # every topic has a subscriber: all was received
             state.unheard[:] = False
         if hold:

@@ -2,11 +2,15 @@
 """
 Where the robot's controllers are, and the rules of a hold: what the gate steps from and refuses.
 
-What the controllers execute now (:meth:`Holds.executing`) is the point of the previously
-published message due at this time: point i of a message is due (i + 1) periods after it
-left, so after a stall the controllers have run on through it; a controller that takes only
-the first point holds it. Every command steps from there (:meth:`Holds.reference`), within
-``min(max_step, max_velocity / rate)``.
+What the controllers execute now (:meth:`Holds.executing`) is the setpoint along the previously
+published message at this time, as joint_trajectory_controller interpolates it: from where it
+left (the setpoint then) to point 0 one period later, point i (i + 1) periods after it left;
+after a stall the controllers have run on through it; a controller that takes only the first
+point jumped to it. Every command steps from there (:meth:`Holds.reference`), within
+``min(max_step, max_velocity / rate)``, and its first point stays between there and the last
+message's first point, give or take ``max_velocity`` times the time since that message
+(:meth:`Holds.first_point_band`): so the step promise holds in loop-clock time, and a tick a
+few ms after the last message (an executor stall) steps a few ms' worth, not a period's.
 
 Only the first command of a *segment* steps from the measured joint state instead, which
 must then be fresh: the first ever, and, for the joints of a command topic that had no
@@ -84,18 +88,85 @@ class Holds:
         return self.executing(now), ~self._state.unheard
 
     def executing(self, now: float) -> np.ndarray:
-        """Return the point (J,) of the last message the controllers execute now (one was sent)."""
-        executing = self._state.sent[self.periods_since_sent(now)].copy()
+        """Return the setpoint (J,) the controllers are at now along the last message (one was sent)."""
+        state = self._state
+        path = np.vstack([state.sent_from, state.sent])      # row k due k periods after it left
+        periods = min(self.periods_since_sent(now), float(len(state.sent)))
+        k = min(int(periods), len(state.sent) - 1)
+        executing = path[k] + (periods - k) * (path[k + 1] - path[k])
         first_only = list(self.settings.first_point_joints)
-        executing[first_only] = self._state.sent[0, first_only]
+        executing[first_only] = state.sent[0, first_only]
         return executing
 
-    def periods_since_sent(self, now: float) -> int:
-        """Return the index of the point of the last message due now (point i at (i + 1) periods)."""
+    def periods_since_sent(self, now: float) -> float:
+        """Return the periods of the loop clock since the last message left (>= 0; whole within 1e-6)."""
         if self._state.clock_now is not None and now < self._state.clock_now:     # went back since the last tick
             now = self._state.clock_now
-        due = int(round((now - self._state.sent_at) / self.settings.dt)) - 1
-        return min(max(due, 0), len(self._state.sent) - 1)
+        periods = max((now - self._state.sent_at) / self.settings.dt, 0.0)
+        whole = round(periods)
+        return float(whole) if abs(periods - whole) < 1e-6 else periods
+
+    def first_point_band(self, now: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """
+        Return where (low, high), each (J,), a message's first point may go now, or None (no message yet).
+
+        Between the setpoint now and the last message's first point, widened by ``max_velocity``
+        times the time since that message: two messages a few ms apart (the executor stalled,
+        then ran two ticks) differ by a few ms' worth of motion, while a hold may still stop the
+        setpoint where it is. A controller that jumped to the first point is there already, so
+        its joints get exactly ``max_velocity`` times that time. Unheard joints got no message:
+        theirs is unbounded (they step from measured).
+        """
+        state = self._state
+        if state.sent is None:
+            return None
+        periods = self.periods_since_sent(now)
+        reach = np.where(state.unheard, np.inf, self.settings.limits.max_velocity * periods * self.settings.dt)
+        executing = self.executing(now)
+        low, high = np.minimum(executing, state.sent[0]) - reach, np.maximum(executing, state.sent[0]) + reach
+        # And, as ticks on time always gave, one step from it per period passed (rounded): a tick a
+        # little late does not step further from the last command than a step.
+        cap = np.where(state.unheard, np.inf, self.settings.limits.max_delta(self.settings.dt) * max(1, round(periods)))
+        return np.maximum(low, state.sent[0] - cap), np.minimum(high, state.sent[0] + cap)
+
+    def due_point(self, now: float, reference: np.ndarray) -> np.ndarray:
+        """
+        Return where a hold stops the setpoint (J,): the point of the last message due now.
+
+        Point i is due (i + 1) periods after the message left, rounded: a hold lets the
+        controllers finish the period they are in, and the setpoint stops there. Unheard joints
+        (and all before any message) stop at ``reference``, their measured state.
+        """
+        state = self._state
+        if state.sent is None:
+            return reference
+        due = min(max(round(self.periods_since_sent(now)) - 1, 0), len(state.sent) - 1)
+        point = state.sent[due].copy()
+        first_only = list(self.settings.first_point_joints)
+        point[first_only] = state.sent[0, first_only]
+        return np.where(state.unheard, reference, point)
+
+    def beyond_limits(self, now: float) -> Refusal | None:
+        """
+        Hold while a joint is measured beyond its position limits by more than one step.
+
+        No safe command reaches it, and one that steps on from its setpoint would be obeyed by a
+        joint that is not where its sensor says (a broken sensor, the wrong units, a joint out of
+        its range): the loop holds with an ERROR until it is measured back.
+        """
+        measured = self._inputs.fresh_positions(now, self.settings.max_observation_age)
+        if measured is None:
+            return None
+        limits = self.settings.limits
+        step = limits.max_delta(self.settings.dt)
+        beyond = np.flatnonzero((measured < limits.lower - step) | (measured > limits.upper + step))
+        if beyond.size == 0:
+            return None
+        joints = ', '.join(f'{self.settings.joint_names[i]} {measured[i]:.3f} '
+                           f'(limits {limits.lower[i]:g}..{limits.upper[i]:g})' for i in beyond[:8])
+        return Refusal(f'joints measured beyond their position limits: {joints}; a broken sensor, the wrong '
+                       'units or a joint out of its range? holding until they are measured back inside',
+                       ERROR, counter='joints_outside_limits')
 
     def not_following(self, now: float, reference: np.ndarray) -> Refusal | None:
         """
@@ -165,15 +236,15 @@ class Holds:
         low, high = np.minimum(start, reference) - max_step, np.maximum(start, reference) + max_step
         return (measured < low) | (measured > high)
 
-    def hold_targets(self, reference: np.ndarray, walk: bool) -> np.ndarray:
+    def hold_targets(self, now: float, reference: np.ndarray, walk: bool) -> np.ndarray:
         """
-        Return the hold's targets (T, J): the point executed now, or, latched, where the joints were found.
+        Return the hold's targets (T, J): the point due now, or, latched or restarting, where the joints were found.
 
         the gate (``Gate.emit``) clamps them to one step from the point executed now (``walk``: repeated into
         a walk at the step limit, for a last hold after which no tick continues it).
         """
         if self._state.yield_target is None:
-            return reference[None, :]
+            return self.due_point(now, reference)[None, :]
         if not walk:
             return self._state.yield_target[None, :]
         steps = np.abs(self._state.yield_target - reference) / self.settings.limits.max_delta(self.settings.dt)

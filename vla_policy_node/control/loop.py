@@ -2,8 +2,8 @@
 """
 The control loop: one tick of input health, chunk scheduling, hold decisions and the gate.
 
-(513 lines: ``ControlLoop`` is the locked public API plus the hold/command transitions that share
-its lock; they read best in one place. State, holds, the gate and ages live beside it.)
+(About 500 lines: ``ControlLoop`` is the locked public API plus the hold/command transitions that
+share its lock; they read best in one place. State, holds, the gate and ages live beside it.)
 
 Everything that decides what the robot is told lives here, free of ROS, so the node, the soak
 run and the property tests drive the same code::
@@ -44,7 +44,7 @@ from vla_policy_node.control.holds import Holds
 from vla_policy_node.control.inference import FAULT_RAISED, FAULTS, InferenceResult
 from vla_policy_node.control.observations import INSTRUCTION, JOINT_STATES, ObservationBuffer
 from vla_policy_node.control.safety import MotionLimits
-from vla_policy_node.control.settings import LoopSettings, LoopStatus, tight_tracking
+from vla_policy_node.control.settings import LoopSettings, LoopStatus, loosenings, tight_tracking, update_refusal
 from vla_policy_node.control.state import LoopState, Mode, Refusal
 
 FAULT_STALE = 'stale'   # a chunk whose observation was too old when it arrived
@@ -52,7 +52,8 @@ LOOP_FAULTS = FAULTS + (FAULT_STALE,)
 LOOP_COUNTERS = ('control_ticks', 'commands_published', 'holds_published', 'clamped_joints',
                  'clamped_lookahead_joints', 'episode_resets', 'rejected_chunks',
                  'rejected_inputs', 'stale_actions_refused', 'unreachable_commands', 'moved_robot_refusals',
-                 'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds')
+                 'tracking_error_holds', 'joint_states_without_positions', 'watchdog_holds', 'limits_loosened',
+                 'joints_outside_limits')
 LOG_PERIOD_S = 2.0
 EARLY_TICK = 0.1            # a latched walk steps on a tick at most this fraction of a period early (timer jitter)
 
@@ -141,21 +142,8 @@ class ControlLoop:
 
     def check_update(self, settings: LoopSettings) -> str | None:
         """Say why ``settings`` may not replace the current ones, or None when they may."""
-        fixed = ('joint_names', 'camera_names', 'control_rate_hz', 'first_point_joints')
-        changed = [name for name in fixed if getattr(settings, name) != getattr(self._settings, name)]
-        if changed:
-            return f'{changed} cannot change while the loop runs'
-        looser = settings.limits.loosened_from(self._envelope)
-        if looser is not None:
-            return f'limits: {looser}'
         with self._lock:
-            sent = self._state.sent
-            if sent is not None and not settings.limits.contains(sent):
-                outside = sorted({i for point in sent for i in settings.limits.outside(point)})
-                joints = [self._settings.joint_names[i] for i in outside]
-                return (f'limits: the last command lies outside the new limits for {joints}; '
-                        'move the robot inside them first')
-        return None
+            return update_refusal(settings, self._settings, self._envelope, self._state.sent)
 
     def update(self, settings: LoopSettings) -> None:
         """Replace the settings (run-time tunables); raises ValueError when ``check_update`` objects."""
@@ -164,7 +152,12 @@ class ControlLoop:
             if reason is not None:
                 raise ValueError(reason)
             tight, before = tight_tracking(settings), tight_tracking(self._settings)
+            looser = loosenings(settings, self._settings, self.horizon)
             self._holds.settings = settings
+            if looser:
+                self._counters['limits_loosened'] += 1
+                self._log('warning', 'safety event: limits loosened at run time (within the envelope given at '
+                                     f"start): {'; '.join(looser)}")
             if tight is not None and tight != before:      # not again on an unrelated parameter change
                 self._log('warning', tight)
 
@@ -327,6 +320,11 @@ class ControlLoop:
         problem = self._inputs.problem(now, self._settings.max_observation_age)
         if problem is not None:
             return Refusal(problem)
+        beyond = self._holds.beyond_limits(now)
+        if beyond is not None:
+            return beyond
+        if self._state.restarting:
+            return Refusal('restarting from the measured joint state: the setpoint walks there at the step limit')
         if self._state.hold_reason is not None and self._state.sent is not None:   # the ERROR stays while it lasts
             reference = self._holds.reference(now)
             return None if reference is None else self._holds.moved_during_hold(now, reference)
@@ -376,9 +374,13 @@ class ControlLoop:
         else:
             if why.reason != self._state.hold_reason:
                 self._limited_log('hold', 'warning', f'holding: {why.reason}')
-            walk_due = latch is not None and now - self._state.sent_at >= (1.0 - EARLY_TICK) * self._settings.dt
+            walking = self._state.yield_target is not None
+            walk_due = walking and now - self._state.sent_at >= (1.0 - EARLY_TICK) * self._settings.dt
             if walk_due and not self._holds.walked_back(now):
                 self._emit(now, None)
+            elif walk_due and self._state.restarting:         # there: commanding may resume from here
+                self._state.restarting, self._state.yield_target = False, None
+                self._log('info', 'restart: the setpoint reached the measured joint state')
         self._state.hold_reason, self._state.hold_level = why.reason, why.level
 
     def _emit(self, now: float, plan: Plan | None, walk: bool = False) -> Refusal | None:
@@ -441,14 +443,15 @@ class ControlLoop:
 
     def restart_from_measured(self, now: float) -> str | None:
         """
-        Make the next command step from the measured state, on an operator's word; why not, or None.
+        Walk the setpoint to the measured state, on an operator's word; why not, or None.
 
         The way back from a hold the loop will not leave by itself (the robot moved during it,
-        or stayed behind its controller): the operator has checked the robot, and the next
-        command starts a segment from where it is measured, as after a lost subscriber, for
-        the joints with a tracking error checked and those moved off their way. The others,
-        on their way, keep stepping from their point: a gripper squeezing what it holds keeps
-        its grip. Refused while commanding (nothing to restart) and without a fresh joint state.
+        or stayed behind its controller): the operator has checked the robot. The joints with
+        a tracking error checked and those moved off their way are walked from their setpoint
+        to where they are measured (inside the limits), one step per period as a protective
+        stop walks, never in one jump; commanding resumes from there. The others, on their
+        way, keep their point: a gripper squeezing what it holds keeps its grip. Refused while
+        commanding (nothing to restart) and without a fresh joint state.
         """
         with self._lock:
             if self._state.stopped:
@@ -458,13 +461,16 @@ class ControlLoop:
             measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
             if measured is None:
                 return 'no fresh joint state to start from'
+            limits = self._settings.limits
             reference = self._holds.reference(now)            # fresh measured: never None here
-            self._state.unheard |= np.isfinite(self._settings.limits.max_tracking_error)
-            self._state.unheard |= self._holds.off_their_way(measured, reference)
+            restart = np.isfinite(limits.max_tracking_error) | self._holds.off_their_way(measured, reference)
+            target = np.where(restart, np.clip(measured, limits.lower, limits.upper), reference)
             self._state.moved_counted = False
-            self._state.latch, self._state.yield_target = None, None
+            self._state.latch, self._state.yield_target, self._state.restarting = None, target, True
+            distance = float(np.max(np.abs(target - reference)))
             reason = self._state.hold_reason
-        self._log('info', f'restarting from the measured joint state (was holding: {reason})')
+        self._log('info', f'restarting from the measured joint state (was holding: {reason}): the setpoint '
+                          f'walks up to {distance:.3f} to it at the step limit')
         return None
 
     def stop(self, now: float) -> bool:

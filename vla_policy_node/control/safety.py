@@ -168,17 +168,19 @@ class MotionLimits:
                     'start, which may only be tightened at run time')
         return None
 
-    def clamp_sequence(self, commands: np.ndarray, previous: np.ndarray,
-                       dt: float, what: str = 'commands') -> tuple[np.ndarray, np.ndarray]:
+    def clamp_sequence(self, commands: np.ndarray, previous: np.ndarray, dt: float, what: str = 'commands',
+                       first_band: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """
         Clamp commands (T, J) meant for consecutive periods of ``dt``, in order.
 
         The first is limited against ``previous`` and each next one against the safe version
         of the one before, so the whole sequence, not only its first point, stays inside the
-        position limits and within one step of its neighbours. Returns the safe commands
-        (T, J) and the number of clamped joints per command (T,). Inputs are checked once and
-        the position limits applied to all rows at once; only the step limit, which chains
-        each row to the one before, runs row by row (it runs every control tick).
+        position limits and within one step of its neighbours. ``first_band`` (low, high) bounds
+        the first point further (the step promise in loop-clock time); the step from
+        ``previous`` wins where the two do not meet. Returns the safe commands (T, J) and the
+        number of clamped joints per command (T,). Inputs are checked once and the position
+        limits applied to all rows at once; only the step limit, which chains each row to the
+        one before, runs row by row (it runs every control tick).
         """
         targets = check_finite(commands, what)
         start = check_finite(previous, 'previous command').reshape(-1)
@@ -193,8 +195,10 @@ class MotionLimits:
         safe = np.empty_like(clipped)
         step_limited = np.empty(clipped.shape, dtype=bool)
         for i in range(len(clipped)):
-            delta = clipped[i] - start
-            step_limited[i] = np.abs(delta) > max_delta
-            safe[i] = start = np.where(step_limited[i], start + np.clip(delta, -max_delta, max_delta), clipped[i])
+            wanted = clipped[i] if i or first_band is None else np.clip(clipped[i], *first_band)
+            delta = wanted - start
+            step_limited[i] = (np.abs(delta) > max_delta) | (wanted != clipped[i])
+            safe[i] = start = np.where(np.abs(delta) > max_delta, start + np.clip(delta, -max_delta, max_delta),
+                                       wanted)
         clamped = np.count_nonzero(step_limited | (clipped != targets), axis=1)
         return safe, clamped

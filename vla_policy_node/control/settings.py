@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 import math
 
+import numpy as np
+
 from vla_policy_node.control.health import FaultReport, InputHealth
 from vla_policy_node.control.safety import MotionLimits
 
@@ -88,3 +90,47 @@ def tight_tracking(settings: LoopSettings) -> str | None:
     return (f"limits.max_tracking_error is below one period's motion at full speed for {below}"
             f"{', ...' if len(tight) > 8 else ''}: unless these joints are measured within one period of "
             'their command, full-speed motion will trigger a protective stop')
+
+
+def loosenings(new: LoopSettings, old: LoopSettings, horizon: int) -> list[str]:
+    """
+    Say how ``new`` is looser than ``old`` (each limit that lets more through), or [] if none is.
+
+    Inside the envelope given at start a parameter set may loosen limits tightened since; the
+    loop logs every such change as a safety event (ROS parameters have no per-client rights).
+    """
+    a, b = new.limits, old.limits
+    checks = (('lower', b.lower - a.lower), ('upper', a.upper - b.upper),
+              ('max_velocity', a.max_velocity - b.max_velocity),
+              ('max_tracking_error', a.max_tracking_error - b.max_tracking_error))
+    found = []
+    for name, gain in checks:
+        looser = [f'{new.joint_names[i]} {getattr(b, name)[i]:g} -> {getattr(a, name)[i]:g}'
+                  for i in range(len(gain)) if gain[i] > 0]     # inf - inf is NaN: not looser
+        if looser:
+            found.append(f"{name} ({', '.join(looser[:8])})")
+    for name, before, after in (('max_step', b.max_step, a.max_step),
+                                ('max_observation_age', old.max_observation_age, new.max_observation_age),
+                                ('max_action_age', old.action_age_limit(horizon), new.action_age_limit(horizon))):
+        if after > before:
+            found.append(f'{name} ({before:g} -> {after:g})')
+    if old.use_header_stamps and not new.use_header_stamps:
+        found.append('use_header_stamps (true -> false)')
+    return found
+
+
+def update_refusal(new: LoopSettings, old: LoopSettings, envelope: MotionLimits,
+                   sent: np.ndarray | None) -> str | None:
+    """Say why ``new`` may not replace ``old`` at run time, or None when it may (``sent``: the last message)."""
+    fixed = ('joint_names', 'camera_names', 'control_rate_hz', 'first_point_joints')
+    changed = [name for name in fixed if getattr(new, name) != getattr(old, name)]
+    if changed:
+        return f'{changed} cannot change while the loop runs'
+    looser = new.limits.loosened_from(envelope)
+    if looser is not None:
+        return f'limits: {looser}'
+    if sent is not None and not new.limits.contains(sent):
+        outside = sorted({i for point in sent for i in new.limits.outside(point)})
+        return (f'limits: the last command lies outside the new limits for {[old.joint_names[i] for i in outside]}; '
+                'move the robot inside them first')
+    return None

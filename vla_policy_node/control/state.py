@@ -43,10 +43,12 @@ class LoopState:
     hold_reason: str | None = 'starting'      # None: commanding
     hold_level: int = WARN
     latch: Refusal | None = None              # a protective stop (not following), until a restart
-    yield_target: np.ndarray | None = None    # while latched: the setpoint walks here (J,)
+    yield_target: np.ndarray | None = None    # latched or restarting: the setpoint walks here (J,)
+    restarting: bool = False                  # an operator's restart walks the setpoint to the measured state
     stopped: bool = False
     sent: np.ndarray | None = None            # the last message (T, J); point i due at
-    sent_at: float = 0.0                      # sent_at + (i + 1) dt on the loop clock
+    sent_at: float = 0.0                      # sent_at + (i + 1) dt on the loop clock,
+    sent_from: np.ndarray | None = None       # from this setpoint (J,) at sent_at
     unheard: np.ndarray = field(init=False)   # (J,) joints whose next command steps from measured
     commanded_at: np.ndarray | None = None    # measured when the last action left
     moved_counted: bool = False               # this refusal counted in moved_robot_refusals

@@ -28,15 +28,18 @@ Messages, as ros2_controllers reads them:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+import math
 import re
+import time
 from typing import Any
 
 import numpy as np
 from rclpy.duration import Duration
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
-from rclpy.qos import QoSProfile
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
@@ -130,18 +133,50 @@ def trajectory_velocities(points: np.ndarray, dt: float) -> np.ndarray:
     return velocities
 
 
-class CommandOutputs:
-    """One publisher per group; the control loop's sink publishes through :meth:`publish`."""
+# A publisher seen on a command topic keeps it contested this long after it left: one that
+# comes back for a few ms every half second must not find the node commanding in between.
+INTRUDER_LINGER_S = 1.0
+# The watchers match every publisher (best effort, volatile: compatible with any) and read nothing.
+WATCH_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
+                       durability=DurabilityPolicy.VOLATILE)
 
-    def __init__(self, node: Node, groups: Sequence[CommandGroup], qos: QoSProfile,
-                 velocities: bool = False) -> None:
+
+class CommandOutputs:
+    """
+    One publisher per group; the control loop's sink publishes through :meth:`publish`.
+
+    Another publisher on a command topic is seen two ways: the graph, polled
+    (:meth:`other_publishers`, every watchdog period), and a watcher subscription per topic
+    whose matched events report each publisher as DDS matches it, however briefly it lives.
+    """
+
+    def __init__(self, node: Node, groups: Sequence[CommandGroup], qos: QoSProfile, velocities: bool = False,
+                 clock: Callable[[], float] = time.monotonic, watch: bool = True) -> None:
+        """``watch``: watch the topics for other publishers (False: the messages go to a bag, not DDS)."""
         self._node = node
         self._groups = tuple(groups)
         self._velocities = velocities
-        self._publishers = [
-            node.create_publisher(JointTrajectory if group.interface == 'joint_trajectory'
-                                  else Float64MultiArray, group.topic, qos)
-            for group in self._groups]
+        self._clock = clock
+        kinds = [JointTrajectory if group.interface == 'joint_trajectory' else Float64MultiArray
+                 for group in self._groups]
+        self._publishers = [node.create_publisher(kind, group.topic, qos) for kind, group in zip(kinds, self._groups)]
+        self._matched = [0] * len(self._groups)         # publishers each watcher matches (this node's included)
+        self._intruder_until = [-math.inf] * len(self._groups)
+        self._watchers = [self._watch(i, kind, publisher.topic_name) if watch else None
+                          for i, (kind, publisher) in enumerate(zip(kinds, self._publishers))]
+
+    def _watch(self, index: int, kind: type, topic: str) -> Any:
+        """Subscribe to a command topic for its matched events only (None where rclpy has none: Humble)."""
+        def matched(info: Any) -> None:
+            self._matched[index] = info.current_count
+            if info.current_count > 1:                  # besides this node's own publisher
+                self._intruder_until[index] = self._clock() + INTRUDER_LINGER_S
+        try:
+            return self._node.create_subscription(
+                kind, topic, lambda _: None, WATCH_QOS, raw=True,
+                event_callbacks=SubscriptionEventCallbacks(matched=matched))
+        except TypeError:
+            return None
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -172,6 +207,11 @@ class CommandOutputs:
         return tuple(max(0, self._node.count_publishers(publisher.topic_name) - 1)
                      for publisher in self._publishers)
 
+    def intruders(self, polled: Sequence[int]) -> tuple[int, ...]:
+        """Return ``polled`` (:meth:`other_publishers`) raised to 1 on a topic whose watcher saw another lately."""
+        now = self._clock()
+        return tuple(max(count, 1 if now < until else 0) for count, until in zip(polled, self._intruder_until))
+
     def link(self, others: Sequence[int]) -> tuple[int, int, str, tuple[int, ...]]:
         """
         Return (fewest subscribers, other publishers on all, topics at fault, unheard joints).
@@ -182,7 +222,10 @@ class CommandOutputs:
         subscriber, else the first topic. The unheard joints (indices) are those of the
         topics without a subscriber.
         """
-        subscribers = [publisher.get_subscription_count() for publisher in self._publishers]
+        # The watchers subscribe too: a matched one is not a controller.
+        subscribers = [max(0, publisher.get_subscription_count() - (watcher is not None and matched > 0))
+                       for publisher, watcher, matched in zip(self._publishers, self._watchers, self._matched)]
+        others = self.intruders(others)
         topics = self.topics
         contested = [(t, o) for t, o in zip(topics, others) if o > 0]
         if len(contested) > 1:
