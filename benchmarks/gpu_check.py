@@ -149,8 +149,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     try:
-        tests_rc = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "test" / "runtime" / "test_fast_paths.py"),
-                                   "-q", "-k", "cuda"], cwd=REPO, env=env, timeout=args.budget / 3).returncode
+        fast_paths = REPO / "test" / "runtime" / "test_fast_paths.py"
+        tests_rc = subprocess.run([sys.executable, "-m", "pytest", str(fast_paths), "-q", "-k", "cuda"],
+                                  cwd=REPO, env=env, timeout=args.budget / 3).returncode
         tests = "passed" if tests_rc == 0 else f"FAILED (exit {tests_rc})"
     except subprocess.TimeoutExpired:
         tests_rc, tests = 1, f"stopped after {args.budget / 3:.0f} s, a third of the budget"

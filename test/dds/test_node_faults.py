@@ -13,7 +13,9 @@ scripted slow policy (scripted_policy_node.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+import shutil
 import signal
 import subprocess
 import sys
@@ -293,3 +295,43 @@ def test_checkpoint_outside_checkpoint_root_is_refused(tmp_path, reference_dir):
         assert 'cannot start' in node.output and 'outside the allowed roots' in node.output, node.output
     finally:
         node.kill()
+
+
+def test_a_checkpoint_declaring_impossible_sizes_is_refused_with_the_nodes_line(tmp_path, reference_dir):
+    """resize_imgs_with_padding [60000, 60000] once grew the node to 19.8 GB until the kernel killed it."""
+    folder = tmp_path / 'huge'
+    shutil.copytree(reference_dir('smolvla'), folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['resize_imgs_with_padding'] = [60000, 60000]
+    (folder / 'config.json').write_text(json.dumps(config))
+    path = tmp_path / 'huge.yaml'
+    path.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n'
+                    f'    checkpoint_root: "{tmp_path}"\n')
+    node = NodeProcess([DEFAULT_CONFIG, path], next_domain_id())
+    try:
+        assert node.wait(timeout=60.0) == 1, node.output
+        assert 'cannot start' in node.output and 'is beyond 4096' in node.output, node.output
+        assert 'Traceback' not in node.output, node.output
+    finally:
+        node.kill()
+
+
+@pytest.mark.parametrize('case, args, said', [
+    ('missing params file', ['--params-file', '/nonexistent/vla.yaml'], 'Error opening YAML file'),
+    ('params file that is not YAML parameters', ['--params-file', '{bad}'], "Couldn't parse params file"),
+    ('mixed-type list', ['--params-file', '{mixed}'], 'Sequence should be of same type'),
+    ('-p without a value', ['-p', 'control_rate_hz'], "Couldn't parse parameter override rule"),
+    ('malformed remap', ['-r', 'foo'], "Couldn't parse remap rule"),
+    ('unknown log level', ['--log-level', 'nonsense'], "Couldn't parse log level"),
+    ("rclpy's own parameter of the wrong type", ['-p', 'use_sim_time:=maybe'], "parameter 'use_sim_time'"),
+])
+def test_a_command_line_rcl_refuses_ends_in_the_nodes_line(tmp_path, case, args, said):
+    """These once ended in an RCLError (or rclpy exception) traceback."""
+    (tmp_path / 'bad.yaml').write_text('a: [b\n')
+    (tmp_path / 'mixed.yaml').write_text('/**:\n  ros__parameters:\n    joint_names: [1, "a"]\n')
+    args = [a.format(bad=tmp_path / 'bad.yaml', mixed=tmp_path / 'mixed.yaml') for a in args]
+    result = subprocess.run([str(installed_executable()), '--ros-args', *args], env=ros_env(next_domain_id()),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout
+    assert 'cannot start' in result.stdout and said in result.stdout, result.stdout
+    assert 'Traceback' not in result.stdout, result.stdout

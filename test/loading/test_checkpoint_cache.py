@@ -73,6 +73,17 @@ def test_snapshot_links_into_another_repos_blobs_are_refused(source, tmp_path):
         load_policy(snapshot, device='cpu')
 
 
+def test_a_blobs_folder_that_is_a_link_outside_the_root_is_not_followed(source, tmp_path):
+    """Every file would otherwise load from wherever ``blobs`` leads, outside ``checkpoint_root``."""
+    snapshot = make_cache(tmp_path / 'hub', source)
+    blobs = snapshot.parent.parent / 'blobs'
+    elsewhere = tmp_path / 'elsewhere'
+    blobs.rename(elsewhere)
+    blobs.symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match='outside the checkpoint folder'):
+        load_policy(snapshot, device='cpu', allowed_roots=[tmp_path / 'hub'])
+
+
 def test_a_folder_that_only_looks_like_a_snapshot_gets_no_exception(source, tmp_path):
     fake = tmp_path / 'snapshots' / 'x'
     fake.mkdir(parents=True)

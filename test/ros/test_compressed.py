@@ -130,3 +130,38 @@ def test_any_corruption_of_a_frame_decodes_or_is_refused(codec):
         except ConversionError:
             continue
         assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    """Return a small JPEG whose frame header (SOF0) declares ``width`` x ``height``: a decode bomb of a few KB."""
+    data = bytearray(encoded(RGB, 'jpeg'))
+    sof = data.find(b'\xff\xc0')
+    struct.pack_into('>HH', data, sof + 5, height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize('bomb', ['jpeg', 'png'])
+def test_a_frame_declaring_another_size_than_its_camera_is_refused_before_decoding(bomb, monkeypatch):
+    """A 1.7 KB JPEG declaring 4096x4096, or a 50 KB PNG that inflates to 4096x4096, costs no decoding."""
+    if bomb == 'jpeg':
+        data = jpeg_declaring(4096, 4096)
+        assert len(data) < 8192
+    else:
+        data = encoded(np.zeros((4096, 4096, 3), np.uint8), 'png')
+        assert len(data) < 200_000
+    decoded = []
+    monkeypatch.setattr(PILImage.Image, 'load', lambda self: decoded.append(self.size))
+    msg = CompressedImage(format=f'rgb8; {bomb} compressed bgr8', data=data)
+    with pytest.raises(ConversionError, match='frame declares 4096x4096, this camera sends 64x48: refused before'):
+        compressed_to_rgb(msg, expected=(64, 48))
+    assert decoded == [], 'decoded before the size was checked'
+    monkeypatch.undo()
+    good = rgb_to_compressed(RGB, bomb)
+    assert compressed_to_rgb(good, expected=(64, 48)).shape == (48, 64, 3)
+
+
+def test_a_raw_frame_of_another_size_is_refused_too():
+    from vla_policy_node.ros.conversions import image_to_rgb, rgb_to_image
+    with pytest.raises(ConversionError, match='frame declares 64x48, this camera sends 640x480'):
+        image_to_rgb(rgb_to_image(RGB), expected=(640, 480))
+    assert image_to_rgb(rgb_to_image(RGB), expected=(64, 48)).shape == (48, 64, 3)

@@ -201,3 +201,27 @@ def test_the_input_checks_only_tighten_at_run_time():
     assert ages_loosened(settings(max_action_age=0.0), explicit, None) is not None    # a lifecycle node unconfigured
     assert ages_loosened(settings(use_header_stamps=False), derived, 0.5).startswith('use_header_stamps false')
     assert ages_loosened(settings(use_header_stamps=True), StartAges(0.5, 0.0, False), 0.5) is None
+
+
+def test_a_warm_up_that_runs_out_of_memory_is_the_nodes_start_up_error(monkeypatch):
+    """An allocator's RuntimeError in the warm-up ends as 'cannot start: ...', not a traceback."""
+    from vla_policy_node.loading import build_tiny_policy
+    from vla_policy_node.ros import policy_loader
+    from vla_policy_node.ros.server.node import ServerSettings
+
+    def tiny_out_of_memory(**kwargs):
+        policy = build_tiny_policy(**kwargs)
+
+        def warmup(observation, *args, **kwargs):
+            raise RuntimeError('[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory: '
+                               'you tried to allocate 137438953472 bytes.\nsecond line')
+        policy.warmup = warmup
+        return policy
+    monkeypatch.setattr(policy_loader, 'build_tiny_policy', tiny_out_of_memory)
+    settings = ServerSettings(
+        checkpoint='', allow_random_weights=True, checkpoint_root='', device='cpu', dtype='float32',
+        cuda_graphs=False, torch_compile=False, compile_cache_dir='', num_threads=1, tiny_chunk_size=8,
+        tiny_num_steps=2, tiny_seed=0, camera_names=('front',), joint_names=('a', 'b'), diagnostics_period=1.0,
+        batch_window=0.005, batch_max_size=6)
+    with pytest.raises(policy_loader.PolicyLoadError, match=r'warm-up .* failed: RuntimeError: .*137438953472 bytes'):
+        policy_loader.make_policy(settings, print, print)

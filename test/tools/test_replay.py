@@ -9,6 +9,7 @@ command line: table, JSON and PNG.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -118,3 +119,63 @@ def test_command_line_refuses_a_bad_parameter(fit_config, capsys):
                  '-p', 'joint_units.scale:=[1.0, 2.0]'])
     assert code == 1
     assert 'joint_units: scale has 2 entries, expected one per joint (6)' in capsys.readouterr().err
+
+
+def wrong_type_bag(settings, path, wrong_topic: str, msg) -> None:
+    """Write one message on every topic the node reads, ``wrong_topic`` carrying ``msg`` instead."""
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    from trajectory_msgs.msg import JointTrajectory
+
+    from vla_policy_node.replay.bag import BagWriter
+    from vla_policy_node.ros.compressed import camera_topic, rgb_to_compressed
+    from vla_policy_node.ros.conversions import rgb_to_image
+
+    rgb = np.zeros((48, 64, 3), np.uint8)
+    messages = {'/' + settings.joint_states_topic.lstrip('/'): JointState(name=list(settings.joint_names),
+                                                                          position=[0.0] * len(settings.joint_names)),
+                '/' + settings.instruction_topic.lstrip('/'): String(data='pick')}
+    for topic, transport in zip(settings.camera_topics, settings.camera_transports):
+        messages['/' + camera_topic(topic, transport).lstrip('/')] = (
+            rgb_to_compressed(rgb, 'jpeg') if transport == 'compressed' else rgb_to_image(rgb))
+    for group in settings.command_groups:
+        messages['/' + group.topic.lstrip('/')] = JointTrajectory()
+    messages[wrong_topic] = msg
+    with BagWriter(path) as writer:
+        for i, (topic, message) in enumerate(messages.items()):
+            writer.write(topic, message, 10**9 + i)
+
+
+@pytest.mark.parametrize('case', ['truncated at 50 %', 'truncated at 95 %', 'corrupted zstd chunk',
+                                  'garbage after the magic', 'empty file', 'a PNG renamed .mcap',
+                                  '/joint_states carrying std_msgs/String', 'a camera topic carrying JointState'])
+def test_a_broken_bag_ends_in_one_line_and_exit_1(fit_config, tmp_path, capsys, case):
+    """Each of these once ended in a Python traceback."""
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    settings, override, bag = fit_config
+    data, broken = bag.read_bytes(), tmp_path / 'broken.mcap'
+    middle = len(data) // 2
+    if case.startswith('truncated'):
+        broken.write_bytes(data[:len(data) * int(case.split()[2]) // 100])
+    elif case == 'corrupted zstd chunk':
+        broken.write_bytes(data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 256]) + data[middle + 256:])
+    elif case == 'garbage after the magic':
+        broken.write_bytes(data[:8] + np.random.default_rng(0).bytes(4096))
+    elif case == 'empty file':
+        broken.write_bytes(b'')
+    elif case == 'a PNG renamed .mcap':
+        stream = io.BytesIO()
+        PILImage.new('RGB', (8, 8)).save(stream, format='PNG')
+        broken.write_bytes(stream.getvalue())
+    elif case.startswith('/joint_states'):
+        wrong_type_bag(settings, broken, '/joint_states', String(data='not a joint state'))
+    else:
+        camera = '/' + settings.camera_topics[1].lstrip('/')
+        wrong_type_bag(settings, broken, camera, JointState(name=['a'], position=[0.0]))
+    code = main([str(broken), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith('vla-policy-replay:')]
+    assert code == 1 and len(lines) == 1 and 'Traceback' not in err, err
+    if 'carrying' in case:
+        assert 'carries' in lines[0], lines[0]

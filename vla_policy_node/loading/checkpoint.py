@@ -99,12 +99,19 @@ def hub_snapshot(repo_id: str) -> Path:
 
 
 def cache_blobs(folder: Path) -> Optional[Path]:
-    """``<repo>/blobs`` when ``folder`` is a Hugging Face cache snapshot (``models--*/snapshots/<rev>``), else None."""
+    """
+    ``<repo>/blobs`` when ``folder`` is a Hugging Face cache snapshot (``models--*/snapshots/<rev>``), else None.
+
+    Only a real folder of the repository: a ``blobs`` (or ``snapshots``) that is itself a link
+    could lead anywhere, so the snapshot's links are then followed nowhere outside ``folder``.
+    """
     repo = folder.parent.parent
     if folder.parent.name != "snapshots" or not repo.name.startswith("models--"):
         return None
     blobs = repo / "blobs"
-    return blobs.resolve() if blobs.is_dir() else None
+    if blobs.is_symlink() or folder.parent.is_symlink() or not blobs.is_dir() or blobs.resolve() != blobs:
+        return None
+    return blobs
 
 
 def inside(folder: Path, name: str) -> Path:

@@ -16,6 +16,7 @@ from vla_policy_node.loading import checkpoint as ckpt
 from vla_policy_node.model.blocks import DecoderSpec
 from vla_policy_node.loading import generation as generations
 from vla_policy_node.loading import processors
+from vla_policy_node.loading import sizes
 from vla_policy_node.loading import openpi
 from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi0, pi05, smolvla
 from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
@@ -85,6 +86,7 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid SmolVLA configuration: {exc!r}") from exc
     steps = _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    _check_sizes(folder, cfg, len(cfg.camera_names), device, pack_weights)
     model = build_model(lambda: SMOLVLA.network(cfg, backend), cfg, ckpt.weights_file(folder),
                         prefix_key_map(SMOLVLA.key_rules()))
     tokenizer = TextTokenizer(ckpt.tokenizer_file(folder, tok_name))
@@ -171,6 +173,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
     steps = None if openpi_layout else _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    _check_sizes(folder, cfg, len(cfg.camera_names) + cfg.empty_cameras, device, pack_weights)
     model = build_model(lambda: family.network(cfg, backend), cfg, ckpt.weights_file(folder),
                         prefix_key_map(family.key_rules()))
     if openpi_layout:
@@ -206,6 +209,23 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
                   provenance="openpi" if generation is None else generation.describe())
 
 
+def _check_sizes(folder: Path, cfg: Any, cameras: int, device: torch.device, pack_weights: bool) -> None:
+    """Refuse declared sizes beyond their bounds, and a model whose weights and inference do not fit."""
+    ckpt.check_config_types(cfg, "config.json")
+    beyond = sizes.bounded_fields(cfg, f"{folder}/config.json")
+    if beyond is not None:
+        raise ckpt.CheckpointError(beyond)
+    weights = ckpt.weights_file(folder).stat().st_size * (2 if pack_weights and device.type == "cpu" else 1)
+    need = weights + sizes.working_bytes(cfg, cameras)
+    free = sizes.available_bytes(device)
+    if need > free:
+        gib = 2**30
+        raise ckpt.CheckpointError(
+            f"{folder}: needs about {need / gib:.1f} GiB on {device} ({weights / gib:.1f} GiB of weights"
+            f"{' and their packed copies' if weights and pack_weights and device.type == 'cpu' else ''}, "
+            f"{(need - weights) / gib:.1f} GiB to run the sizes config.json declares); {free / gib:.1f} GiB is free")
+
+
 # backbone -> the reader of its checkpoint layout
 LOADERS: dict[str, Callable[..., Policy]] = {"smolvlm": _smolvla, "paligemma": _pi}
 
@@ -214,8 +234,9 @@ def _prompt_settings(tok_cfg: dict, max_length: int, padding: str, source: str) 
     """Read ``max_length`` (>= 1) and ``padding`` (``max_length`` or ``longest``) of LeRobot's tokenizer step."""
     length = ckpt.config_value(tok_cfg, "max_length", int, max_length, source)
     mode = ckpt.config_value(tok_cfg, "padding", str, padding, source)
-    if length < 1:
-        raise ckpt.CheckpointError(f"{source}: max_length must be >= 1, got {length}")
+    if not 1 <= length <= sizes.LIMITS["tokenizer_max_length"]:
+        raise ckpt.CheckpointError(f"{source}: max_length must be in 1..{sizes.LIMITS['tokenizer_max_length']}, "
+                                   f"got {length}")
     if mode not in ("max_length", "longest"):
         raise ckpt.CheckpointError(f"{source}: padding must be 'max_length' or 'longest', got {mode!r:.40}")
     return {"max_length": length, "padding": mode}

@@ -41,25 +41,46 @@ def bag_files(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+class BagError(ValueError):
+    """A bag that cannot be read (truncated, corrupted, not MCAP), with the file and the reason."""
+
+
+def _unreadable(file: Path, error: Exception) -> BagError:
+    first = (str(error).strip().splitlines() or [''])[0][:200]
+    return BagError(f'{file}: not a readable MCAP bag ({type(error).__name__}: {first})')
+
+
 def read_messages(path: str | os.PathLike,
                   topics: set[str] | None = None) -> Iterator[tuple[str, str, Any, int]]:
-    """Yield (topic, type name, decoded message, log time in ns) in log-time order per file."""
+    """
+    Yield (topic, type name, decoded message, log time in ns) in log-time order per file.
+
+    Whatever the MCAP and CDR readers raise on a broken file (a truncated chunk, a corrupted
+    zstd frame, garbage after the magic) is a :class:`BagError` naming the file.
+    """
     for file in bag_files(path):
         with open(file, 'rb') as stream:
-            reader = make_reader(stream, decoder_factories=[DecoderFactory()])
-            for schema, channel, message, decoded in reader.iter_decoded_messages(
-                    topics=None if topics is None else sorted(topics), log_time_order=True):
-                yield channel.topic, schema.name, decoded, message.log_time
+            try:
+                reader = make_reader(stream, decoder_factories=[DecoderFactory()])
+                for schema, channel, message, decoded in reader.iter_decoded_messages(
+                        topics=None if topics is None else sorted(topics), log_time_order=True):
+                    yield channel.topic, schema.name, decoded, message.log_time
+            except Exception as error:  # noqa: B902 - the readers raise many kinds on hostile bytes
+                raise _unreadable(file, error) from error
 
 
 def topic_types(path: str | os.PathLike) -> dict[str, str]:
-    """Map every topic of the bag to its type name (``sensor_msgs/msg/Image``)."""
+    """Map every topic of the bag to its type name (``sensor_msgs/msg/Image``); BagError if unreadable."""
     types = {}
     for file in bag_files(path):
         with open(file, 'rb') as stream:
-            summary = make_reader(stream).get_summary()
+            try:
+                summary = make_reader(stream).get_summary()
+            except Exception as error:  # noqa: B902 - as in read_messages
+                raise _unreadable(file, error) from error
         if summary is None:
-            continue
+            raise BagError(f'{file}: no summary section: the bag is truncated or was not closed '
+                           '(ros2 bag reindex can rebuild it)')
         for channel in summary.channels.values():
             types[channel.topic] = summary.schemas[channel.schema_id].name
     return types

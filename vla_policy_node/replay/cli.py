@@ -141,6 +141,27 @@ class _Recorder:
         self.commands.append(self.command.copy())
 
 
+def check_bag(bag: str, settings: NodeSettings) -> None:
+    """Raise ValueError (BagError for an unreadable file) unless ``bag`` holds every topic the node reads, typed."""
+    cameras = {absolute(camera_topic(topic, transport)): transport
+               for topic, transport in zip(settings.camera_topics, settings.camera_transports)}
+    groups = {absolute(group.topic): group for group in settings.command_groups}
+    joint_topic, instruction_topic = absolute(settings.joint_states_topic), absolute(settings.instruction_topic)
+    present = topic_types(bag)
+    missing = [t for t in [*cameras, joint_topic, instruction_topic, *groups] if t not in present]
+    if missing:
+        raise ValueError(f'the bag has no topics {missing} (it has {sorted(present)})')
+    expected = {joint_topic: 'sensor_msgs/msg/JointState', instruction_topic: 'std_msgs/msg/String',
+                **{topic: 'sensor_msgs/msg/CompressedImage' if transport == 'compressed' else 'sensor_msgs/msg/Image'
+                   for topic, transport in cameras.items()},
+                **{topic: 'trajectory_msgs/msg/JointTrajectory' if group.interface == 'joint_trajectory'
+                   else 'std_msgs/msg/Float64MultiArray' for topic, group in groups.items()}}
+    wrong = [f'{topic} carries {present[topic]}, not {kind}' for topic, kind in expected.items()
+             if present[topic] != kind]
+    if wrong:
+        raise ValueError(f"the bag's topics do not carry what the node reads: {'; '.join(wrong)}")
+
+
 def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None = None) -> Replay:
     """Run ``policy`` open-loop over ``bag``'s recorded observations; compare with its commands."""
     dt = 1.0 / settings.control_rate_hz
@@ -150,10 +171,7 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
                in zip(settings.camera_topics, settings.camera_names, settings.camera_transports)}
     groups = {absolute(group.topic): group for group in settings.command_groups}
     joint_topic, instruction_topic = absolute(settings.joint_states_topic), absolute(settings.instruction_topic)
-    present = topic_types(bag)
-    missing = [t for t in [*cameras, joint_topic, instruction_topic, *groups] if t not in present]
-    if missing:
-        raise ValueError(f'the bag has no topics {missing} (it has {sorted(present)})')
+    check_bag(bag, settings)
     inputs = _Recorder(settings)
     start, next_observation = None, None
     predicted_times, predicted, latencies = [], [], []
@@ -236,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError   # torch: only now
     try:
         settings = settings_from_files(args.params_file, args.param)
+        check_bag(args.bag, settings)                   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
                              lambda text: print(f'warning: {text}', file=sys.stderr))
         result = replay(args.bag, settings, policy, args.period)

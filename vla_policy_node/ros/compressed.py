@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image as PILImage
 from sensor_msgs.msg import CompressedImage
 
-from vla_policy_node.ros.conversions import ConversionError
+from vla_policy_node.ros.conversions import check_frame_size, ConversionError
 
 CODECS = {'jpeg': 'JPEG', 'jpg': 'JPEG', 'png': 'PNG'}     # format word -> Pillow's name
 TRANSPORT_SUFFIX = '/compressed'
@@ -62,8 +62,15 @@ def parse_format(text: str) -> tuple[str, bool]:
     return ('png' if codec == 'png' else 'jpeg'), swapped
 
 
-def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096) -> np.ndarray:
-    """Decode a jpeg or png ``CompressedImage`` to a contiguous uint8 RGB array (H, W, 3)."""
+def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096,
+                      expected: tuple[int, int] | None = None) -> np.ndarray:
+    """
+    Decode a jpeg or png ``CompressedImage`` to a contiguous uint8 RGB array (H, W, 3).
+
+    The size is read from the file's header first (Pillow opens lazily): a frame over
+    ``max_pixels``, or not of ``expected`` (width, height), the camera's size when known, is
+    refused before decoding; a 1.7 KB JPEG declaring 4096x4096 costs nothing.
+    """
     codec, swapped = parse_format(msg.format)
     if len(msg.data) == 0:
         raise ConversionError('compressed image has no data')
@@ -76,6 +83,7 @@ def compressed_to_rgb(msg: CompressedImage, max_pixels: int = 4096 * 4096) -> np
     width, height = image.size
     if height * width > max_pixels:
         raise ConversionError(f'image is {width}x{height}, more than the {max_pixels} pixels accepted')
+    check_frame_size(width, height, expected)
     if image.mode not in ('RGB', 'L', 'RGBA', 'LA', 'P', '1'):
         raise ConversionError(f'compressed image has pixel mode {image.mode}; only 8-bit '
                               'grey, RGB and RGBA are accepted')

@@ -49,12 +49,21 @@ IMAGE_ENCODINGS = {
 }
 
 
-def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
+def check_frame_size(width: int, height: int, expected: tuple[int, int] | None) -> None:
+    """Refuse a frame whose declared (width, height) is not its camera's, before anything is decoded."""
+    if expected is not None and (width, height) != tuple(expected):
+        raise ConversionError(f'frame declares {width}x{height}, this camera sends {expected[0]}x{expected[1]}: '
+                              'refused before decoding')
+
+
+def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096,
+                 expected: tuple[int, int] | None = None) -> np.ndarray:
     """
     Convert a ``sensor_msgs/Image`` to a contiguous uint8 RGB array of shape (H, W, 3).
 
     Rows may be padded (``step`` > width * channels); the padding is dropped. The data length
     must be exactly ``step * height``: anything else means a truncated or mislabelled frame.
+    ``expected`` (width, height): the camera's frame size, when known.
     """
     encoding = msg.encoding.lower()
     if encoding not in IMAGE_ENCODINGS:
@@ -65,6 +74,7 @@ def image_to_rgb(msg: Image, max_pixels: int = 4096 * 4096) -> np.ndarray:
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
     if height <= 0 or width <= 0:
         raise ConversionError(f'image has no pixels ({width}x{height})')
+    check_frame_size(width, height, expected)
     if height * width > max_pixels:
         raise ConversionError(
             f'image is {width}x{height}, more than the {max_pixels} pixels accepted')

@@ -144,6 +144,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         """Start a new control loop: new episode, no instruction, first command from the measured state."""
         self._loop = self._make_loop()
         self._loop.reset_episode('activate')        # the policy's cache and anything in flight: gone
+        self._frame_sizes = {}            # a camera may have been reconfigured meanwhile: learn again
         self._active = True
         self._subscribe_instruction()
         self._control_timer.reset()
@@ -243,7 +244,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         self._wired = {}
         self._loop = self._joint_states = None
         self._policy = None
-        self._frames = {}
+        self._frames, self._frame_sizes = {}, {}
         _release_memory()
 
     def _orphan_ended(self, timeout: float) -> bool:

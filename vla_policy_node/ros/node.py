@@ -118,6 +118,9 @@ class PolicyWiring:
         """Load the policy and its inference thread, or the server's client; it starts once a loop is bound."""
         self._policy, self._worker = self._make_inference()
         self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
+        # camera -> (width, height) of its first good frame: a frame declaring another size is refused
+        # before it is decoded (a decode bomb), until the node restarts (a lifecycle node: re-activates)
+        self._frame_sizes: dict[str, tuple[int, int]] = {}
         self._compressed = {name for name, transport in zip(
             self._settings.camera_names, self._settings.camera_transports)
             if transport == 'compressed'}
@@ -198,10 +201,12 @@ class PolicyWiring:
             compressed = camera in self._compressed
             try:
                 msg = undecodable_is_an_error(deserialize_message, raw, CompressedImage if compressed else Image)
-                rgb = compressed_to_rgb(msg) if compressed else image_to_rgb(msg)
+                size = self._frame_sizes.get(camera)
+                rgb = compressed_to_rgb(msg, expected=size) if compressed else image_to_rgb(msg, expected=size)
             except ConversionError as error:
                 self._loop.reject(camera, str(error))
                 continue
+            self._frame_sizes.setdefault(camera, (rgb.shape[1], rgb.shape[0]))
             self._loop.on_image(camera, rgb, arrival, stamp_seconds(msg.header.stamp))
 
     def _take_joint_states(self) -> None:

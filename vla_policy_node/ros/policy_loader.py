@@ -97,13 +97,17 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
         compile_cache_dir=Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
     runtime.configure(config)
     try:
-        policy.warmup(policy.dummy_observation())
-    except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
-        if not runtime.torch_compile:
-            raise
-        warn(f'compile failed, running eager: {error_summary(error)}')
-        runtime.configure(dataclasses.replace(config, torch_compile=False))
-        policy.warmup(policy.dummy_observation())
+        try:
+            policy.warmup(policy.dummy_observation())
+        except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
+            if not runtime.torch_compile:
+                raise
+            warn(f'compile failed, running eager: {error_summary(error)}')
+            runtime.configure(dataclasses.replace(config, torch_compile=False))
+            policy.warmup(policy.dummy_observation())
+    except (MemoryError, RuntimeError, ValueError) as error:     # the allocator's, a CUDA error, a bad shape
+        raise PolicyLoadError(f'the warm-up (one inference before commanding) failed: {error_summary(error)}') \
+            from error
     if runtime.program_cache is not None:
         cache = runtime.program_cache
         info(f'compile cache {cache.root}: {cache.stats.loaded} programs loaded, {cache.stats.built} compiled '

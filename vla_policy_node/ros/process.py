@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import rclpy
+from rclpy.exceptions import ParameterException
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
@@ -39,7 +40,12 @@ def run_until_signal(build: Callable[[], Any], alive: Callable[[Any], bool], log
     on the way keeps it. Further signals are ignored: Python's finalisation would restore
     their default action (death by the signal) for a second Ctrl-C while the process exits.
     """
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    except RuntimeError as error:   # RCLError: rcl refused the command line (a params file, -p, -r, --log-level)
+        reason = str(error).removeprefix('failed to initialize rcl: ').split(', at ')[0]
+        print(f'[FATAL] [{logger_name}]: cannot start: the ROS arguments: {reason}', file=sys.stderr)
+        return 1
     stop = threading.Event()
     building = threading.Event()
     building.set()
@@ -57,7 +63,7 @@ def run_until_signal(build: Callable[[], Any], alive: Callable[[Any], bool], log
     try:
         node = build()
         building.clear()
-    except (ParameterError, PolicyLoadError) as error:
+    except (ParameterError, PolicyLoadError, ParameterException) as error:   # the last: rclpy's own (use_sim_time)
         rclpy.logging.get_logger(logger_name).fatal(f'cannot start: {error}')
         rclpy.try_shutdown()
         return 1
