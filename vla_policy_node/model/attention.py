@@ -86,7 +86,7 @@ def _normalize_after(v: Tensor) -> bool:
 
     Only in float32 CPU code being compiled: a compiled softmax evaluates ``exp`` and writes
     the probabilities in full, and normalising after the value product saved 6-8% of the
-    compiled denoising loop (tiny SmolVLA, batch 4, BENCHMARKS.md). Eager code keeps
+    compiled denoising loop (tiny SmolVLA, batch 4; the git history of BENCHMARKS.md). Eager code keeps
     ATen's softmax kernel, bfloat16 keeps LeRobot's order (probabilities rounded to
     bfloat16 before the value product), and GPUs keep the arithmetic they were measured with.
     """

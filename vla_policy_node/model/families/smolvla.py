@@ -368,7 +368,7 @@ class SmolVLA(nn.Module):
 
         Only for heads at most FIXED_KV_MAX_HEAD_DIM wide, where CPU flash attention is slow:
         measured 1.17-1.33x faster than SDPA at 16- and 32-wide heads (batch 1-4, 50 queries),
-        but 0.37-0.69x at SmolVLA's 64-wide heads at batch 4 (BENCHMARKS.md).
+        but 0.37-0.69x at SmolVLA's 64-wide heads at batch 4 (the git history of BENCHMARKS.md).
         """
         return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32
                 and self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM and not torch.compiler.is_compiling())
