@@ -4,8 +4,8 @@ When eager inference may write into the temporaries it has just made, instead of
 
 At the sizes of a small expert on one CPU core, every out-of-place op's fresh (cold)
 result buffer costs more than its arithmetic: writing the MLP, norm, RoPE and residual
-results into their own operands made a batch-4 chunk 6% faster (measured 2026-12-02; in the git history of BENCHMARKS.md), with
-the same bits. Autograd (guided sampling) needs the operands it saved, and compiled
+results into their own operands made a batch-4 chunk 6% faster (measured 2026-12-02; see the
+git history of BENCHMARKS.md), with the same bits. Autograd (guided sampling) needs the operands it saved, and compiled
 programs keep the graphs they were measured with, so both take the out-of-place ops.
 """
 
