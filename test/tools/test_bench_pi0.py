@@ -27,17 +27,7 @@ SMALL_DIMS = {"vlm": {"width": 256, "depth": 2, "mlp_dim": 1024, "num_heads": 8,
               "vocab_size": 512, "image_size": 224}
 
 
-@pytest.fixture
-def real_size(monkeypatch):
-    monkeypatch.setattr(checkpoints, "PI0_DIMS_OVERRIDE", None)
-
-
-@pytest.fixture
-def small(monkeypatch):
-    monkeypatch.setattr(checkpoints, "PI0_DIMS_OVERRIDE", SMALL_DIMS)
-
-
-def test_pi0_has_the_published_dimensions(real_size):
+def test_pi0_has_the_published_dimensions():
     cfg = checkpoints.pi0_model_config(1)
     b = cfg.backbone
     assert b.vlm == GemmaDims(width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256)
@@ -59,7 +49,7 @@ def test_pi0_has_the_published_dimensions(real_size):
             f"observation.images.cam{i}" for i in range(cameras))
 
 
-def test_pi0_config_json_has_lerobot_pi0_fields(reference_dir, real_size):
+def test_pi0_config_json_has_lerobot_pi0_fields(reference_dir):
     ref = json.loads((reference_dir("pi0") / "config.json").read_text())
     ours = checkpoints.pi0_lerobot_config(2)
     assert list(ours) == list(ref)                                          # every field, in LeRobot's order
@@ -87,7 +77,7 @@ def test_pi0_file_layout_is_lerobots(reference_dir, tmp_path):
         assert steps == [s["registry_name"] for s in json.loads((ref_dir / name).read_text())["steps"]]
 
 
-def test_pi0_keys_round_trip_through_the_family_rules(small):
+def test_pi0_keys_round_trip_through_the_family_rules():
     with torch.device("meta"):
         model = pi0_family.Pi0(checkpoints.pi0_model_config(1, SMALL_DIMS))
     state = model.state_dict()
@@ -118,9 +108,10 @@ def test_write_safetensors_streams_a_valid_file(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_pi0_checkpoint_loads_with_load_policy(small, tmp_path, dtype):
+def test_pi0_checkpoint_loads_with_load_policy(tmp_path, dtype):
     info = {}
-    folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "pi0", 2, seed=3, dtype=dtype, info=info)
+    folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "pi0", 2, seed=3, dtype=dtype, info=info,
+                                                pi0_dims=SMALL_DIMS)
     assert info["dtype"] == dtype and info["file_bytes"] == (folder / "model.safetensors").stat().st_size
     header = read_safetensors_header(folder / "model.safetensors")
     assert {i.dtype for i in header.values()} == {"BF16" if dtype == "bfloat16" else "F32"}
@@ -147,14 +138,14 @@ def test_pi0_checkpoint_loads_with_load_policy(small, tmp_path, dtype):
     assert actions.shape == (1, 50, checkpoints.ACTION_DIM) and np.isfinite(actions).all()
     assert policy.runtime.cache.seq_length() == 2 * 256 + int(mask[0].sum())
     # the memory estimate's run-time figures are what the loaded policy holds
-    est = memory.memory_estimate("pi0", 2, dtype)
+    est = memory.memory_estimate("pi0", 2, dtype, pi0_dims=SMALL_DIMS)
     held = cli.tensor_bytes(policy.model)
     assert (est.weights, est.packed) == (held["weights"], held["packed"])
     assert (held["packed"] > 0) == packed_linear.dtype_supported(getattr(torch, dtype))   # bf16: AVX-512 only
 
 
-def test_flop_count_includes_packed_matmuls(small, tmp_path):
-    folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "pi0", 1)
+def test_flop_count_includes_packed_matmuls(tmp_path):
+    folder = checkpoints.save_random_checkpoint(tmp_path / "ck", "pi0", 1, pi0_dims=SMALL_DIMS)
     counts = []
     for pack in (True, False):
         policy = load_policy(folder, device="cpu", pack_weights=pack)
@@ -170,7 +161,7 @@ def test_flop_count_includes_packed_matmuls(small, tmp_path):
     assert counts[0]["prefix"] > (d * attention + (d - 1) * mlp) * (256 + 48)
 
 
-def test_bench_refuses_a_run_that_does_not_fit(real_size, monkeypatch, capsys, tmp_path):
+def test_bench_refuses_a_run_that_does_not_fit(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "available_memory_bytes", lambda: 20 * 2**30)
     monkeypatch.setattr(checkpoints, "save_random_checkpoint", lambda *a, **k: pytest.fail("wrote a checkpoint"))
     assert cli.main(["pi0", "--dtype", "float32", "--json", str(tmp_path / "x.json")]) == 2
@@ -180,11 +171,13 @@ def test_bench_refuses_a_run_that_does_not_fit(real_size, monkeypatch, capsys, t
     assert not (tmp_path / "x.json").exists()
 
 
-def test_bench_pi0_end_to_end_skips_lerobot_with_the_reason(small, monkeypatch, tmp_path, capsys):
+def test_bench_pi0_end_to_end_skips_lerobot_with_the_reason(monkeypatch, tmp_path, capsys):
     # any interpreter without openpi's transformers fork takes the same path as .venv-lerobot's
     monkeypatch.setattr(cli, "LEROBOT_PYTHON", Path(sys.executable))
-    out = tmp_path / "pi0.json"
-    args = ["pi0", "--dtype", "bfloat16", "--iters", "2", "--warmup", "0", "--naive-iters", "1", "--threads", "1"]
+    out, dims = tmp_path / "pi0.json", tmp_path / "dims.json"
+    dims.write_text(json.dumps(SMALL_DIMS))
+    args = ["pi0", "--dtype", "bfloat16", "--iters", "2", "--warmup", "0", "--naive-iters", "1", "--threads", "1",
+            "--pi0-dims", str(dims)]
     assert cli.main([*args, "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     c = r["config"]

@@ -94,8 +94,6 @@ LEROBOT_PI0_DEFAULTS = {
     "scheduler_decay_lr": 2.5e-6, "tokenizer_max_length": 48,
 }
 PI0_CONFIGS = ("pi0",)
-PI0_DIMS_OVERRIDE: Optional[dict] = None
-"""Tests only: ``tiny_dims.json`` contents (the loader's size override) that shrink ``pi0``; same files, same keys."""
 
 CONFIG_NAMES = tuple(sorted([*CONFIGS, *PI0_CONFIGS]))
 # What a robot camera delivers (H, W); the policy resizes with padding to its input size.
@@ -221,18 +219,20 @@ def write_processors(folder: Path, tokenizer_name: str, max_length: int, padding
 
 
 def save_random_checkpoint(folder: Path, name: str, cameras: int, seed: int = 0, dtype: str = "float32",
-                           info: Optional[dict] = None, padding: str = "max_length") -> Path:
+                           info: Optional[dict] = None, padding: str = "max_length",
+                           pi0_dims: Optional[dict] = None) -> Path:
     """
     Write a random-weight LeRobot checkpoint of configuration ``name``; returns ``folder``.
 
     ``dtype`` is the weights file's dtype for ``pi0`` (SmolVLA configurations are always saved
     in float32). ``info``, when given, receives build/save seconds, file bytes and parameters.
     ``padding`` is the prompt padding the pre-processor records: ``max_length`` or ``longest``.
+    ``pi0_dims`` (``pi0`` only): sizes in the loader's ``tiny_dims.json`` form, instead of the published ones.
     """
     if padding not in ("max_length", "longest"):
         raise ValueError(f"padding must be 'max_length' or 'longest', got {padding!r}")
     if name in PI0_CONFIGS:
-        return save_random_pi0_checkpoint(folder, cameras, seed, dtype, PI0_DIMS_OVERRIDE, info, padding)
+        return save_random_pi0_checkpoint(folder, cameras, seed, dtype, pi0_dims, info, padding)
     t0 = time.perf_counter()
     cfg, vlm = lerobot_config(name, cameras)
     cfg["pad_language_to"] = padding

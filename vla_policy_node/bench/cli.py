@@ -62,10 +62,11 @@ def memory_check(estimate: memory.MemoryEstimate, args: argparse.Namespace) -> O
            f"{available / gib:.1f} GiB is available.")
     hints = []
     if args.dtype == "float32":
-        lighter = memory.memory_estimate(args.config, args.cameras, "bfloat16", args.device, not args.no_pack)
+        lighter = memory.memory_estimate(args.config, args.cameras, "bfloat16", args.device, not args.no_pack,
+                                         args.pi0_dims)
         hints.append(f"--dtype bfloat16 (about {lighter.host_peak / gib:.1f} GiB)")
     if not args.no_pack and estimate.packed:
-        unpacked = memory.memory_estimate(args.config, args.cameras, args.dtype, args.device, False)
+        unpacked = memory.memory_estimate(args.config, args.cameras, args.dtype, args.device, False, args.pi0_dims)
         hints.append(f"--no-pack (about {unpacked.host_peak / gib:.1f} GiB, slower CPU matmuls)")
     if hints:
         msg += " Try " + " or ".join(hints) + "."
@@ -259,6 +260,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--dds", action="store_true",
                    help="measure the installed node over DDS on localhost instead: frame published -> command received")
     p.add_argument("--control-rate", type=float, default=500.0, help="--dds: the node's control_rate_hz")
+    p.add_argument("--pi0-dims", type=lambda path: json.loads(Path(path).read_text()), default=None,
+                   metavar="JSON", help="pi0 only: sizes instead of the published ones, in the loader's "
+                                        "tiny_dims.json form (vlm, expert, vision, vocab_size, image_size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write every figure to this file")
     args = p.parse_args(argv)
@@ -275,7 +279,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     estimate, saved = None, None
     if not args.checkpoint:
-        estimate = memory.memory_estimate(args.config, args.cameras, args.dtype, args.device, not args.no_pack)
+        estimate = memory.memory_estimate(args.config, args.cameras, args.dtype, args.device, not args.no_pack,
+                                          args.pi0_dims)
         progress(f"{args.config}: about {estimate.host_peak / 2**30:.1f} GiB of RAM at the peak, "
                  f"{available_memory_bytes() / 2**30:.1f} GiB available")
         problem = None if args.no_memory_check else memory_check(estimate, args)
@@ -290,7 +295,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             progress(f"writing a random-weight {args.config} checkpoint ({args.cameras} camera(s))")
             saved = {}
             folder = checkpoints.save_random_checkpoint(work / "checkpoint", args.config, args.cameras, args.seed,
-                                                        args.dtype, saved, args.padding)
+                                                        args.dtype, saved, args.padding, args.pi0_dims)
             progress(f"checkpoint written: build + init {saved['build_s']:.1f} s, save {saved['save_s']:.1f} s, "
                      f"{saved['file_bytes'] / 2**30:.2f} GiB")
         result = run_dds(args, folder) if args.dds else run(args, folder, work, saved, estimate)

@@ -8,6 +8,8 @@ can stop with the figures when the run would not fit.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +56,8 @@ def packed_bytes_estimate(model: nn.Module) -> int:
     return sum(w.numel() * w.element_size() for _, _, w in packing_targets(model) if packed_linear.worth_packing(w))
 
 
-def memory_estimate(name: str, cameras: int, dtype: str, device: str = "cpu", pack: bool = True) -> MemoryEstimate:
+def memory_estimate(name: str, cameras: int, dtype: str, device: str = "cpu", pack: bool = True,
+                    pi0_dims: Optional[dict] = None) -> MemoryEstimate:
     """
     Estimate the RAM the bench needs for configuration ``name`` from a model built on the meta device.
 
@@ -62,7 +65,7 @@ def memory_estimate(name: str, cameras: int, dtype: str, device: str = "cpu", pa
     the file), and the run (weights in their run-time dtypes + packed copies on the CPU).
     """
     if name in checkpoints.PI0_CONFIGS:
-        model_cfg = checkpoints.pi0_model_config(cameras, checkpoints.PI0_DIMS_OVERRIDE)
+        model_cfg = checkpoints.pi0_model_config(cameras, pi0_dims)
 
         def factory() -> nn.Module:
             return pi0_family.Pi0(model_cfg)
