@@ -283,18 +283,22 @@ def test_signal_while_still_importing_exits_zero(signum):
             node.kill()
 
 
-def test_checkpoint_outside_checkpoint_root_is_refused(tmp_path, reference_dir):
-    """The node loads nothing from outside ``checkpoint_root`` and says why."""
-    folder = reference_dir('smolvla')
-    path = tmp_path / 'root.yaml'
-    path.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n'
-                    f'    checkpoint_root: "{tmp_path}"\n')
-    node = NodeProcess([DEFAULT_CONFIG, path], next_domain_id())
+def start_refused(folder: Path, root: Path, params: Path) -> str:
+    """Start the node on ``folder`` under ``checkpoint_root: root``; assert it exits 1 with its line; its output."""
+    params.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n    checkpoint_root: "{root}"\n')
+    node = NodeProcess([DEFAULT_CONFIG, params], next_domain_id())
     try:
         assert node.wait(timeout=60.0) == 1, node.output
-        assert 'cannot start' in node.output and 'outside the allowed roots' in node.output, node.output
+        assert 'cannot start' in node.output and 'Traceback' not in node.output, node.output
+        return node.output
     finally:
         node.kill()
+
+
+def test_checkpoint_outside_checkpoint_root_is_refused(tmp_path, reference_dir):
+    """The node loads nothing from outside ``checkpoint_root`` and says why."""
+    output = start_refused(reference_dir('smolvla'), tmp_path, tmp_path / 'root.yaml')
+    assert 'outside the allowed roots' in output, output
 
 
 def test_a_checkpoint_declaring_impossible_sizes_is_refused_with_the_nodes_line(tmp_path, reference_dir):
@@ -304,16 +308,8 @@ def test_a_checkpoint_declaring_impossible_sizes_is_refused_with_the_nodes_line(
     config = json.loads((folder / 'config.json').read_text())
     config['resize_imgs_with_padding'] = [60000, 60000]
     (folder / 'config.json').write_text(json.dumps(config))
-    path = tmp_path / 'huge.yaml'
-    path.write_text(f'/**:\n  ros__parameters:\n    checkpoint: "{folder}"\n'
-                    f'    checkpoint_root: "{tmp_path}"\n')
-    node = NodeProcess([DEFAULT_CONFIG, path], next_domain_id())
-    try:
-        assert node.wait(timeout=60.0) == 1, node.output
-        assert 'cannot start' in node.output and 'is beyond 4096' in node.output, node.output
-        assert 'Traceback' not in node.output, node.output
-    finally:
-        node.kill()
+    output = start_refused(folder, tmp_path, tmp_path / 'huge.yaml')
+    assert 'is beyond 4096' in output, output
 
 
 @pytest.mark.parametrize('case, args, said', [

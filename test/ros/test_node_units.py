@@ -140,6 +140,16 @@ def test_node_settings_reach_the_loop_and_the_scheduler():
     assert loop_settings(forward).first_point_joints == tuple(range(len(VALUES['joint_names'])))
 
 
+def server_settings(**changes):
+    """A policy server's settings for the tiny model on the CPU (two joints, one camera)."""
+    from vla_policy_node.ros.server.node import ServerSettings
+    return ServerSettings(**{
+        'checkpoint': '', 'allow_random_weights': True, 'checkpoint_root': '', 'device': 'cpu', 'dtype': 'float32',
+        'cuda_graphs': False, 'torch_compile': False, 'compile_cache_dir': '', 'num_threads': 1, 'tiny_chunk_size': 8,
+        'tiny_num_steps': 2, 'tiny_seed': 0, 'camera_names': ('front',), 'joint_names': ('a', 'b'),
+        'diagnostics_period': 1.0, 'batch_window': 0.005, 'batch_max_size': 6, **changes})
+
+
 def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_names_them(monkeypatch, simulated_time):
     """
     Compile the server's buckets in make_policy's warm-up, race them, name them in the ready line.
@@ -149,7 +159,6 @@ def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_nam
     from vla_policy_node.runtime.shape_buckets import batch_buckets
     from vla_policy_node.loading import build_tiny_policy
     from vla_policy_node.ros import policy_loader
-    from vla_policy_node.ros.server.node import ServerSettings
 
     built = set()
 
@@ -167,11 +176,7 @@ def test_make_policy_compiles_the_batch_sizes_it_is_given_and_the_ready_line_nam
         monkeypatch.setattr(runtime, 'sample', sample)
         return policy
     monkeypatch.setattr(policy_loader, 'build_tiny_policy', tiny_with_stand_in_compiler)
-    settings = ServerSettings(
-        checkpoint='', allow_random_weights=True, checkpoint_root='', device='cpu', dtype='float32',
-        cuda_graphs=True, torch_compile=True, compile_cache_dir='', num_threads=1, tiny_chunk_size=8,
-        tiny_num_steps=2, tiny_seed=0, camera_names=('front',), joint_names=('a', 'b'), diagnostics_period=1.0,
-        batch_window=0.005, batch_max_size=6)
+    settings = server_settings(cuda_graphs=True, torch_compile=True)
     lines = []
     policy = policy_loader.make_policy(settings, lines.append, lines.append,
                                        batch_sizes=batch_buckets(settings.batch_max_size))
@@ -207,7 +212,6 @@ def test_a_warm_up_that_runs_out_of_memory_is_the_nodes_start_up_error(monkeypat
     """An allocator's RuntimeError in the warm-up ends as 'cannot start: ...', not a traceback."""
     from vla_policy_node.loading import build_tiny_policy
     from vla_policy_node.ros import policy_loader
-    from vla_policy_node.ros.server.node import ServerSettings
 
     def tiny_out_of_memory(**kwargs):
         policy = build_tiny_policy(**kwargs)
@@ -218,10 +222,6 @@ def test_a_warm_up_that_runs_out_of_memory_is_the_nodes_start_up_error(monkeypat
         policy.warmup = warmup
         return policy
     monkeypatch.setattr(policy_loader, 'build_tiny_policy', tiny_out_of_memory)
-    settings = ServerSettings(
-        checkpoint='', allow_random_weights=True, checkpoint_root='', device='cpu', dtype='float32',
-        cuda_graphs=False, torch_compile=False, compile_cache_dir='', num_threads=1, tiny_chunk_size=8,
-        tiny_num_steps=2, tiny_seed=0, camera_names=('front',), joint_names=('a', 'b'), diagnostics_period=1.0,
-        batch_window=0.005, batch_max_size=6)
+    settings = server_settings(cuda_graphs=False, torch_compile=False)
     with pytest.raises(policy_loader.PolicyLoadError, match=r'warm-up .* failed: RuntimeError: .*137438953472 bytes'):
         policy_loader.make_policy(settings, print, print)
