@@ -141,7 +141,7 @@ def test_node_settings_reach_the_loop_and_the_scheduler():
 
 
 def server_settings(**changes):
-    """A policy server's settings for the tiny model on the CPU (two joints, one camera)."""
+    """Return a policy server's settings for the tiny model on the CPU (two joints, one camera)."""
     from vla_policy_node.ros.server.node import ServerSettings
     return ServerSettings(**{
         'checkpoint': '', 'allow_random_weights': True, 'checkpoint_root': '', 'device': 'cpu', 'dtype': 'float32',
