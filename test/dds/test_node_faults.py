@@ -331,3 +331,20 @@ def test_a_command_line_rcl_refuses_ends_in_the_nodes_line(tmp_path, case, args,
     assert result.returncode == 1, result.stdout
     assert 'cannot start' in result.stdout and said in result.stdout, result.stdout
     assert 'Traceback' not in result.stdout, result.stdout
+
+
+def test_the_simulated_robot_ends_on_sigterm_with_its_summary_not_a_traceback():
+    robot = subprocess.Popen(
+        [str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',
+         str(ROOT / 'config' / 'demo.yaml'), '-p', 'episodes:=1'],
+        env=ros_env(next_domain_id()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: _catches_sigterm(robot.pid), 30.0), 'rclpy never installed its handlers'
+        time.sleep(2.0)                                 # spinning, waiting for a node that is not there
+        robot.send_signal(signal.SIGTERM)
+        output, _ = robot.communicate(timeout=10.0)
+        assert 'Traceback' not in output, output
+        assert 'no episode finished' in output, output
+    finally:
+        if robot.poll() is None:
+            robot.kill()

@@ -22,3 +22,9 @@ def test_decode_benchmark_measures_raw_jpeg_and_png(tmp_path):
     assert all(entry['ms'] > 0 and entry['bytes'] > 0 for entry in figures.values())
     assert figures['raw rgb8']['bytes'] == 64 * 48 * 3
     assert (tmp_path / 'd.json').is_file()
+
+
+def test_sim_eval_of_a_checkpoint_that_is_not_there_is_one_line(capsys):
+    assert sim_eval.main(['--episodes', '1', '--no-dds', '--checkpoint', '/nonexistent/ckpt']) == 1
+    err = capsys.readouterr().err
+    assert 'vla-policy-sim-eval: checkpoint folder /nonexistent/ckpt does not exist' in err

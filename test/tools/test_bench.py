@@ -135,3 +135,27 @@ def test_batch_cost_times_each_batch_size():
     for row in rows:
         assert row['median_ms'] > 0 and row['per_robot_ms'] == pytest.approx(row['median_ms'] / row['batch'])
         assert 'built_median_ms' not in row
+
+
+def test_a_checkpoint_that_is_not_there_is_one_line_not_a_traceback(capsys):
+    assert cli.main(["--checkpoint", "/nonexistent/ckpt", "--no-lerobot"]) == 2
+    err = capsys.readouterr().err
+    assert "vla-policy-bench: not run: checkpoint folder /nonexistent/ckpt does not exist" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize('module, shown', [
+    ('vla_policy_node.bench.cli', '--iters ITERS         timed chunks (per round) (default: 20)'),
+    ('vla_policy_node.train.cli', '--steps STEPS         optimizer steps (default: 10000)'),
+    ('vla_policy_node.ros.sim.evaluation', '--episodes EPISODES   episodes per mode, each a new layout (default: 20)'),
+])
+def test_help_describes_every_option_with_its_default(module, shown, capsys):
+    """Help text shows a default only for an option that has a description: every option but -h has both."""
+    import importlib
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(['--help'])
+    out = capsys.readouterr().out
+    assert ' '.join(shown.split()) in ' '.join(out.split()), out
+    options = out.split('options:')[1]
+    described = ' '.join(options.split()).count('(default: ')
+    assert described == options.count('\n  -') - 1, out           # all but -h/--help

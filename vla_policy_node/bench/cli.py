@@ -44,6 +44,7 @@ from vla_policy_node.bench.measure import (STAGES, StepTimer, available_memory_b
                                            rss_mib, settle, step_bytes, summarize, tensor_bytes)
 from vla_policy_node.bench.report import dds_table, table
 from vla_policy_node.loading import load_policy
+from vla_policy_node.loading.checkpoint import CheckpointError, checkpoint_dir
 from vla_policy_node.runtime.engine import RuntimeConfig
 from vla_policy_node.model.families import FAMILIES
 
@@ -230,7 +231,8 @@ def run_dds(args: argparse.Namespace, folder: Path) -> dict:
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vla-policy-bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="vla-policy-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("config", nargs="?", default="tiny", choices=checkpoints.CONFIG_NAMES,
                    help="random-weight configuration at real dimensions (ignored with --checkpoint)")
     p.add_argument("--checkpoint", type=Path, help="benchmark this LeRobot checkpoint folder instead")
@@ -242,8 +244,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="run dtype; pi0's random checkpoint is also saved in it")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="untimed chunks before the timing")
+    p.add_argument("--iters", type=int, default=20, help="timed chunks (per round)")
     p.add_argument("--rounds", type=int, default=3,
                    help="with LeRobot: blocks of ours and LeRobot's chunks, alternated this many times "
                         "(--iters is rounded up to a multiple)")
@@ -263,7 +265,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--pi0-dims", type=lambda path: json.loads(Path(path).read_text()), default=None,
                    metavar="JSON", help="pi0 only: sizes instead of the published ones, in the loader's "
                                         "tiny_dims.json form (vlm, expert, vision, vocab_size, image_size)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, frames and noise")
     p.add_argument("--json", type=Path, help="write every figure to this file")
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.naive_iters < 0:
@@ -290,7 +292,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vla-policy-bench-") as tmp:
         work = Path(tmp)
         if args.checkpoint:
-            folder = args.checkpoint.resolve()
+            try:
+                folder = checkpoint_dir(args.checkpoint)
+            except CheckpointError as error:
+                print(f"vla-policy-bench: not run: {error}", file=sys.stderr)
+                return 2
         else:
             progress(f"writing a random-weight {args.config} checkpoint ({args.cameras} camera(s))")
             saved = {}
@@ -298,7 +304,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                         args.dtype, saved, args.padding, args.pi0_dims)
             progress(f"checkpoint written: build + init {saved['build_s']:.1f} s, save {saved['save_s']:.1f} s, "
                      f"{saved['file_bytes'] / 2**30:.2f} GiB")
-        result = run_dds(args, folder) if args.dds else run(args, folder, work, saved, estimate)
+        try:
+            result = run_dds(args, folder) if args.dds else run(args, folder, work, saved, estimate)
+        except CheckpointError as error:
+            print(f"vla-policy-bench: not run: {error}", file=sys.stderr)
+            return 2
     print(dds_table(result) if args.dds else table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -248,11 +248,16 @@ def plot_losses(losses: list[float], path: Path, cfg: TrainConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments and train."""
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(prog="vla-policy-train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="vla-policy-train", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="checkpoint folder to write")
-    for name in ("seed", "episodes", "steps", "batch_size", "warmup_steps", "eval_episodes"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    helps = {"seed": "seed of the demonstrations, the initial weights and the batches",
+             "episodes": "scripted demonstrations to record", "steps": "optimizer steps",
+             "batch_size": "samples per step (split over the workers)", "warmup_steps": "learning-rate warm-up steps",
+             "eval_episodes": "closed-loop episodes on unseen layouts after training"}
+    for name, text in helps.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), help=text)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (AdamW)")
     parser.add_argument("--workers", type=int, default=defaults.workers,
                         help="data-parallel processes of 1 torch thread each (at most one per core)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (with --workers 1)")
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="continue from this checkpoint (its weights and normalization statistics)")
     parser.add_argument("--lerobot-version", choices=export.LEROBOT_VERSIONS, default=export.DEFAULT_LEROBOT_VERSION,
                         help="the LeRobot generation the checkpoint is written for: 0.4 (LeRobot 0.4.x, "
-                             "transformers 4.57) or 0.6 (LeRobot 0.6.x, transformers 5); default %(default)s")
+                             "transformers 4.57) or 0.6 (LeRobot 0.6.x, transformers 5)")
     parser.add_argument("--export-from", type=Path, default=None, metavar="DIR",
                         help="do not train: write the checkpoint in DIR (e.g. an export for the other LeRobot "
                              "generation) to --output for --lerobot-version; --output may be DIR itself")

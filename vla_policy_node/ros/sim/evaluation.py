@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 import shutil
+import sys
 import subprocess
 import tempfile
 import time
@@ -103,9 +104,10 @@ def run_dds(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruct
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the requested evaluations and print the success rates."""
-    parser = argparse.ArgumentParser(prog='vla-policy-sim-eval', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--checkpoint', type=Path, default=SHIPPED_CHECKPOINT)
-    parser.add_argument('--episodes', type=int, default=20)
+    parser = argparse.ArgumentParser(prog='vla-policy-sim-eval', description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('--checkpoint', type=Path, default=SHIPPED_CHECKPOINT, help='the policy to evaluate')
+    parser.add_argument('--episodes', type=int, default=20, help='episodes per mode, each a new layout')
     parser.add_argument('--seed', type=int, default=100, help='layouts (training used seed 0)')
     parser.add_argument('--max-steps', type=int, default=100, help='control ticks per episode')
     parser.add_argument('--instruction', default='', help='send this instead of each episode\'s instruction')
@@ -117,13 +119,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1:
         parser.error('--episodes must be >= 1')
     import torch
+    from vla_policy_node.loading.checkpoint import CheckpointError
     torch.set_num_threads(args.threads)
+    try:
+        rates = evaluate_modes(args)
+    except CheckpointError as error:
+        print(f'vla-policy-sim-eval: {error}', file=sys.stderr)
+        return 1
+    label = ('random weights' if args.random_weights else 'trained') + (
+        f', instruction fixed to {args.instruction!r}' if args.instruction else '')
+    print(f'{label}: {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
+    for where, (wins, total, steps) in rates.items():
+        print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%'
+              + (f'   mean steps of successes {steps:.1f}' if wins else ''))
+    return 0
+
+
+def evaluate_modes(args: argparse.Namespace) -> dict[str, tuple[int, int, float]]:
+    """Run the episodes through the node and/or without ROS; (successes, episodes, mean steps) per mode."""
+    from vla_policy_node.loading.checkpoint import checkpoint_dir
+    checkpoint_dir(args.checkpoint)         # a missing folder is one line, before any node starts
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint.resolve()
         if args.random_weights:
             checkpoint = random_weights_copy(checkpoint, Path(tmp), seed=1)
-        label = ('random weights' if args.random_weights else 'trained') + (
-            f', instruction fixed to {args.instruction!r}' if args.instruction else '')
         rates = {}
         if not args.no_dds:
             reports = run_dds(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
@@ -133,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             results = run_direct(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
             rates['without ROS'] = (round(success_rate(results) * len(results)), len(results),
                                     np.mean([r.steps for r in results if r.success] or [np.nan]))
-    print(f'{label}: {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
-    for where, (wins, total, steps) in rates.items():
-        print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%'
-              + (f'   mean steps of successes {steps:.1f}' if wins else ''))
-    return 0
+    return rates
 
 
 if __name__ == '__main__':

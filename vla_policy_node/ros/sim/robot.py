@@ -254,6 +254,9 @@ def main(args: list[str] | None = None) -> int:
             rclpy.spin_once(robot, timeout_sec=0.05)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except RuntimeError:            # RCLError: SIGTERM shut the context down between ok() and the wait
+        if rclpy.ok():
+            raise
     print(robot.summary(), flush=True)
     robot.destroy_node()
     rclpy.try_shutdown()
