@@ -29,7 +29,8 @@ import yaml
 
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict
-from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
+from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
+                                     INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS)
 
 pytestmark = pytest.mark.dds
 
@@ -200,6 +201,22 @@ def test_instruction_change_resets_episode(system):
     assert 'episode reset #2 (instruction changed)' in node.output
     probe.publish_instruction(TASK)
     assert wait_until(lambda: probe.counter('episode_resets') == 3, 5.0)
+
+
+def test_a_volatile_instruction_publisher_is_taken_without_a_qos_warning(system):
+    """As ``ros2 topic pub`` publishes (volatile): taken, and no incompatible-QoS warning is logged."""
+    node, probe = system
+    before = probe.counter('episode_resets')
+    volatile = probe.node.create_publisher(String, 'instruction', INSTRUCTION_VOLATILE_QOS)
+    try:
+        assert wait_until(lambda: volatile.get_subscription_count() >= 1, 5.0)
+        volatile.publish(String(data='touch the cube'))
+        assert wait_until(lambda: probe.counter('episode_resets') > before, 5.0), node.output
+    finally:
+        probe.node.destroy_publisher(volatile)
+    probe.publish_instruction(TASK)
+    assert wait_until(lambda: probe.counter('episode_resets') > before + 1, 5.0)
+    assert 'incompatible QoS' not in node.output, node.output
 
 
 @pytest.mark.parametrize('mode, stream, log', [

@@ -23,8 +23,10 @@ from diagnostic_msgs.msg import DiagnosticArray
 import numpy as np
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.parameter import Parameter
+from rclpy.qos import DurabilityPolicy
 from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
@@ -176,7 +178,12 @@ class PolicyWiring:
         self._joint_states = PolledSubscription(
             self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
         for qos in self.INSTRUCTION_PROFILES:
-            self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos)
+            # A volatile publisher (``ros2 topic pub``) cannot match the transient-local reader;
+            # its volatile twin takes the instruction, so that mismatch is expected, not logged.
+            quiet = SubscriptionEventCallbacks(incompatible_qos=lambda info: None)
+            self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos,
+                                     event_callbacks=quiet if qos.durability == DurabilityPolicy.TRANSIENT_LOCAL
+                                     else None)
 
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
