@@ -90,8 +90,9 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument('robots', default_value='2', description='Number of robots.'),
         DeclareLaunchArgument('device', default_value='auto',
                               description="The server's torch device: auto, cpu, cuda, cuda:N."),
-        DeclareLaunchArgument('batch_window', default_value='0.005',
-                              description='Seconds a request waits for others to share its batch.'),
+        DeclareLaunchArgument('batch_window', default_value='0.0',
+                              description='Seconds a request reaching an idle server waits for company; '
+                                          '0: continuous batching.'),
         DeclareLaunchArgument('horizon', default_value=str(shipped_chunk_size()),
                               description="Actions each robot uses per chunk (at most the policy's chunk size)."),
         DeclareLaunchArgument('episodes', default_value='0',

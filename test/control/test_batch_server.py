@@ -171,3 +171,67 @@ def test_an_answer_that_cannot_be_sent_does_not_stop_serving(policy):
     assert server.alive and server.stop(5.0)
     assert [a.request.reply_to for a in sent] == [0, 1]
     assert server.stats['counters']['answer_errors'] == 1
+
+
+class SlowPolicy:
+    """Stands in for a policy whose batch takes ``seconds`` whatever its size: only timing matters here."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.batches = seconds, []
+        self.stats = type('Stats', (), {'prefix_passes': 0})()
+
+    def predict_action_chunks(self, observations, rtcs):
+        self.batches.append(len(observations))
+        self.stats.prefix_passes += 1
+        time.sleep(self.seconds)
+        return np.zeros((len(observations), 4, 6), np.float32)
+
+
+def test_an_idle_server_answers_a_lone_request_without_waiting_a_window(policy):
+    waits = {}
+    for window in (0.0, 0.3):
+        answers = Answers(1)
+        server = BatchServer(policy, answers, BatchConfig(window=window))
+        server.start()
+        server.submit(request('/alone', observations(1)[0]))
+        assert answers.done.wait(30.0) and server.stop(5.0)
+        waits[window] = answers.items[0].queue_wait
+    assert BatchConfig().window == 0.0, 'continuous batching is the default'
+    assert waits[0.0] < 0.1 and waits[0.3] >= 0.29, waits
+
+
+def test_robots_out_of_step_share_batches_while_the_server_is_busy():
+    """Four robots asking every 100 ms at phases 25 ms apart; a batch takes 60 ms: they meet in batches."""
+    slow = SlowPolicy(0.06)
+    answers = Answers(10 ** 6)
+    server = BatchServer(slow, answers, BatchConfig())
+    server.start()
+    start = time.monotonic()
+    sends = sorted((start + phase * 0.025 + k * 0.1, f'/r{phase}', k) for phase in range(4) for k in range(12))
+    for at, client, k in sends:
+        time.sleep(max(0.0, at - time.monotonic()))
+        server.submit(request(client, observations(1)[0], k))
+    deadline = time.monotonic() + 10.0
+    while len(answers.items) + server.stats['counters']['superseded_requests'] < len(sends) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.stop(5.0)
+    assert max(slow.batches) >= 2 and np.mean(slow.batches) > 1.5, slow.batches
+    assert all(a.fault is None for a in answers.items)
+    assert {a.request.client for a in answers.items} == {f'/r{i}' for i in range(4)}
+
+
+def test_a_request_older_than_its_deadline_is_dropped_unserved():
+    """Its robot stopped waiting (it measures from sending): computing it would only cost the others."""
+    slow = SlowPolicy(0.2)
+    answers = Answers(2)
+    server = BatchServer(slow, answers, BatchConfig(max_batch=1))
+    server.start()
+    obs = observations(1)[0]
+    server.submit(ServedRequest('/first', 0, obs, None))
+    time.sleep(0.05)                                          # /first runs for 0.2 s
+    server.submit(ServedRequest('/impatient', 0, obs, None, deadline=0.1))
+    server.submit(ServedRequest('/patient', 0, obs, None, deadline=5.0))
+    assert answers.done.wait(10.0) and server.stop(5.0)
+    assert [a.request.client for a in answers.items] == ['/first', '/patient']
+    assert server.stats['counters']['expired_requests'] == 1 and slow.batches == [1, 1]

@@ -61,7 +61,7 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
         assert given(arm)[1]['policy_node'] == f'/robot{index}/vla_policy_node'
     from vla_policy_node.sim import SHIPPED_CHECKPOINT
     _, server = given(servers[0])
-    assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.005
+    assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.0
     assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
     from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'

@@ -2,10 +2,13 @@
 """
 vla_policy_server with two robots (vla_policy_node, inference remote) over real DDS.
 
-Processes: one server and two robot nodes in namespaces /r1 and /r2; a probe plays both
-robots' cameras, joint states and instructions (different tasks) and records their commands.
-The server is killed mid-run: each robot must stop commanding (its last message is a hold)
-within its plan plus one deadline, and command again once a new server is up.
+Processes: two servers (``/vla_policy_server`` and ``/spare/vla_policy_server``) and two robot
+nodes in namespaces /r1 and /r2 with both servers in their pool; a probe plays both robots'
+cameras, joint states and instructions (different tasks) and records their commands. One
+server is killed (SIGKILL) mid-run: its robot sees the loss within the heartbeat timeout and
+moves to the other server, still commanding. Then the other is killed: each robot must stop
+commanding (its last message is a hold) within its plan plus the timeout, and command again
+once a new server is up.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from vla_policy_node.ros.diagnostics import diagnostics_to_dict
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS,
                                      REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS)
 from vla_policy_node.ros.server.protocol import decode_chunk, encode_request, RequestKey
+from vla_policy_node.server.pool import rendezvous
 
 pytestmark = pytest.mark.dds
 
@@ -36,10 +40,15 @@ CONFIG = yaml.safe_load(DEFAULT_CONFIG.read_text())['/**']['ros__parameters']
 ROBOTS = {'/r1': 'pick up the red cube', '/r2': 'open the drawer'}
 HORIZON = 8
 DEADLINE = 1.0
+TIMEOUT = 0.5
 RATE = CONFIG['control_rate_hz']
 ROBOT_ARGS = ('-p', 'inference:=remote', '-p', f'chunking.horizon:={HORIZON}',
-              '-p', 'joint_states_topic:=joint_states', '-p', f'policy_deadline:={DEADLINE}')
-SERVER_ARGS = ('-p', 'batch.window:=0.01', '-p', 'tiny_model.chunk_size:=16')
+              '-p', 'joint_states_topic:=joint_states', '-p', f'policy_deadline:={DEADLINE}',
+              '-p', 'remote.servers:=[/spare/vla_policy_server]', '-p', f'remote.server_timeout:={TIMEOUT}')
+SERVER_ARGS = ('-p', 'tiny_model.chunk_size:=16')
+SPARE = '/spare/vla_policy_server'
+# What rendezvous hashing gives these names (pinned: the test needs one robot on each server).
+SERVED_BY = {'/r1': SPARE, '/r2': '/vla_policy_server'}
 
 
 class RobotsProbe:
@@ -146,7 +155,8 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
         probe = RobotsProbe(domain)
         # No server yet: each robot reports none, and its requests fail at once with the reason.
         assert wait_until(lambda: all(probe.matched(ns) == '0' for ns in ROBOTS), 10.0), probe.policy
-        assert wait_until(lambda: all('no policy server subscribes to /vla_policy_server/requests' in r.output
+        assert wait_until(lambda: all('no live policy server (/vla_policy_server: no heartbeat yet; '
+                                      f'{SPARE}: no heartbeat yet)' in r.output
                                       for r in robots.values()), 10.0), [r.output for r in robots.values()]
         assert sum(probe.count(ns) for ns in ROBOTS) == 0
 
@@ -178,18 +188,39 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
             assert answer.fault == 'raised' and answer.chunk is None and reason in answer.error, answer
         assert wait_until(lambda: int(probe.server.get('bad_requests', 0)) == 3, 5.0), probe.server
 
+        assert [rendezvous(f'{ns}/vla_policy_node', ['/vla_policy_server', SPARE]) for ns in ROBOTS] \
+            == list(SERVED_BY.values())
+        spare = start(SERVER_COMMAND, args=SERVER_ARGS + ('-r', '__ns:=/spare'))
+        assert spare.wait_for_output('ready:', 90.0), spare.output
+        assert wait_until(lambda: f'asking policy server {SPARE} now' in robots['/r1'].output, 30.0), output()
+        assert wait_until(lambda: all(probe.matched(ns) == '2' for ns in ROBOTS), 10.0), probe.policy
+
+        # The first server dies: /r2 sees it within the heartbeat timeout and moves to the spare.
         before_kill = {ns: len(robot.output) for ns, robot in robots.items()}
+        counts = {ns: probe.count(ns) for ns in ROBOTS}
         server.kill()
         killed = time.monotonic()
-        # Plan left (at most one horizon), then one deadline: the robots have held by then.
-        bound = HORIZON / RATE + DEADLINE + 0.5
+        lost = 'policy server /vla_policy_server lost: no heartbeat'
+        assert wait_until(lambda: lost in robots['/r2'].output[before_kill['/r2']:], TIMEOUT + 2.0), output()
+        detected = time.monotonic() - killed
+        assert wait_until(lambda: f'asking policy server {SPARE} now' in robots['/r2'].output[before_kill['/r2']:],
+                          10.0), output()
+        assert wait_until(lambda: all(probe.count(ns) >= counts[ns] + 20 for ns in ROBOTS), 30.0), output()
+        assert 'asking policy server' not in robots['/r1'].output[before_kill['/r1']:], '/r1 had no reason to move'
+
+        # The spare dies too: every robot holds within its plan plus the timeout.
+        before_kill = {ns: len(robot.output) for ns, robot in robots.items()}
+        spare.kill()
+        killed = time.monotonic()
+        bound = HORIZON / RATE + TIMEOUT + 1.0
         time.sleep(bound + 1.0)
         for ns in ROBOTS:
             assert probe.last(ns) - killed < bound, f'{ns} kept commanding after the server died'
-        for ns, robot in robots.items():     # the deadline (or the lost server), not only the plan running out
+        for ns, robot in robots.items():     # the lost server, not only the plan running out
             since_kill = robot.output[before_kill[ns]:]
-            assert ('no answer from the policy server within' in since_kill
-                    or 'no policy server subscribes to' in since_kill), since_kill
+            assert f'policy server {SPARE} lost' in since_kill, since_kill
+        assert wait_until(lambda: all(probe.matched(ns) == '0' for ns in ROBOTS), 3.0), probe.policy
+        print(f'loss seen {detected:.2f} s after SIGKILL (timeout {TIMEOUT} s)')
         counts = {ns: probe.count(ns) for ns in ROBOTS}
 
         server = start(SERVER_COMMAND, args=SERVER_ARGS)

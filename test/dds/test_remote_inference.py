@@ -17,15 +17,17 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from ros_harness import next_domain_id
+from diagnostic_msgs.msg import DiagnosticStatus
 from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.control.chunking import RTCGuidance, SchedulerConfig
 from vla_policy_node.control.loop import ControlLoop, LoopSettings
 from vla_policy_node.control.safety import MotionLimits
-from vla_policy_node.ros.qos import REMOTE_FLEET_QOS
+from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.client import RemoteInference
 from vla_policy_node.ros.server.protocol import (decode_chunk, decode_request, decode_request_key, encode_chunk,
-                                                 encode_request, ProtocolError, RequestKey)
+                                                 encode_heartbeat, encode_request, ProtocolError, RequestKey)
+from vla_policy_node.server.pool import rendezvous
 
 pytestmark = pytest.mark.dds
 
@@ -38,14 +40,19 @@ STATE = np.array([0.1, -0.2, 0.3])
 
 
 class FakeServer:
-    """Records decoded requests; answers them only when told."""
+    """Records decoded requests; answers them only when told; beats every 0.1 s while ``beating``."""
 
-    def __init__(self, context) -> None:
-        self.node = rclpy.create_node('vla_policy_server', context=context)
+    def __init__(self, context, namespace: str = '/') -> None:
+        self.node = rclpy.create_node('vla_policy_server', namespace=namespace, context=context)
+        self.name = self.node.get_fully_qualified_name()
         self.requests: list[tuple] = []
+        self.beating = True
         self._lock = threading.Lock()
         self.publisher = self.node.create_publisher(UInt8MultiArray, '~/chunks', REMOTE_FLEET_QOS)
         self.node.create_subscription(UInt8MultiArray, '~/requests', self._on_request, REMOTE_FLEET_QOS)
+        heartbeats = self.node.create_publisher(DiagnosticStatus, '~/heartbeat', HEARTBEAT_QOS)
+        self.node.create_timer(0.1, lambda: self.beating and heartbeats.publish(
+            encode_heartbeat(self.name, 'run1', 0.1, 0)))
 
     def _on_request(self, msg) -> None:
         with self._lock:
@@ -65,11 +72,12 @@ class FakeServer:
 class Robot:
     """The control loop with remote inference, fed fresh inputs and ticked by the test."""
 
-    def __init__(self, context, deadline: float, max_observation_age: float = 0.5) -> None:
+    def __init__(self, context, deadline: float, max_observation_age: float = 0.5,
+                 servers: tuple[str, ...] = ('/vla_policy_server',)) -> None:
         self.node = rclpy.create_node('robot', namespace='/arm1', context=context)
         self.commands: list[tuple[np.ndarray, np.ndarray | None]] = []
-        self.remote = RemoteInference(self.node, '/vla_policy_server', JOINTS, time.monotonic, deadline,
-                                      lambda text: None)
+        self.remote = RemoteInference(self.node, servers, JOINTS, time.monotonic, deadline,
+                                      lambda text: None, server_timeout=0.5)
         limits = MotionLimits(np.full(3, -3.0), np.full(3, 3.0), np.full(3, 2.0), 0.1)
         self.loop = ControlLoop(
             LoopSettings(JOINTS, ('front',), RATE, limits, max_observation_age=max_observation_age),
@@ -111,10 +119,7 @@ def link(request):
     executor.add_node(robot.node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
-    end = time.monotonic() + 10.0
-    while time.monotonic() < end and not (
-            server.publisher.get_subscription_count() and robot.remote._requests.get_subscription_count()):
-        time.sleep(0.05)
+    assert wait_served(robot, 1)
     yield server, robot
     robot.remote.stop(1.0)
     executor.shutdown(timeout_sec=1.0)
@@ -124,12 +129,23 @@ def link(request):
     rclpy.try_shutdown(context=context)
 
 
+def wait_served(robot: Robot, servers: int, timeout: float = 10.0) -> bool:
+    """Wait until ``servers`` servers are live and take the robot's requests."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if robot.remote.stats['counters']['remote_servers_matched'] == servers:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_request_carries_the_observation_and_the_answer_is_executed(link):
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
     request = server.requests[0]
     key, observation, obs_time = request.key, request.observation, request.key.obs_time
     assert (key.robot, key.request_id, key.episode, request.rtc, request.joints) == ('/arm1/robot', 0, 0, None, JOINTS)
+    assert request.deadline == 2.0, 'the deadline travels with the request'
     assert len(key.session) == 16
     np.testing.assert_array_equal(observation['images']['front'], RGB)
     np.testing.assert_allclose(observation['state'], STATE.astype(np.float32))
@@ -228,7 +244,7 @@ def test_without_a_server_a_request_fails_at_once_with_the_reason():
         assert robot.run_until(lambda: robot.counters()['remote_timeouts'] >= 1, 1.0), \
             'the request waited for its deadline with nobody to answer it'
         assert robot.run_until(
-            lambda: 'no policy server subscribes to /vla_policy_server/requests' in (robot.loop.hold_reason or ''),
+            lambda: 'no live policy server (/vla_policy_server: no heartbeat yet)' in (robot.loop.hold_reason or ''),
             1.0), robot.loop.hold_reason
         assert robot.executed() == 0
         robot.remote.stop(1.0)
@@ -300,3 +316,66 @@ def test_hostile_messages_are_protocol_errors_on_both_sides(meta):
     answer = encode_chunk(key, np.zeros((4, 3)), None, '', 0.0, 0.1, 1)
     with pytest.raises(ProtocolError):
         decode_chunk(with_meta(answer, meta))
+
+
+@pytest.fixture
+def two_servers():
+    """Give a robot a pool of two scripted servers; yield (the robot's server, the other, the robot)."""
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    servers = [FakeServer(context, '/gpu0'), FakeServer(context, '/gpu1')]
+    robot = Robot(context, deadline=5.0, max_observation_age=10.0, servers=tuple(s.name for s in servers))
+    executor = SingleThreadedExecutor(context=context)
+    for node in [s.node for s in servers] + [robot.node]:
+        executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    assert wait_served(robot, 2)
+    chosen = rendezvous('/arm1/robot', [s.name for s in servers])
+    mine, other = sorted(servers, key=lambda s: s.name != chosen)
+    yield mine, other, robot
+    robot.remote.stop(1.0)
+    executor.shutdown(timeout_sec=1.0)
+    spinner.join(2.0)
+    for node in [s.node for s in servers] + [robot.node]:
+        node.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def test_a_server_whose_heartbeats_stop_is_lost_at_once_not_after_the_deadline(two_servers):
+    mine, other, robot = two_servers
+    other.beating = False
+    assert robot.run_until(lambda: mine.count() == 1, 5.0)
+    mine.beating = False                                   # killed: no more heartbeats, no answer
+    stopped = time.monotonic()
+    assert robot.run_until(lambda: 'lost: no heartbeat' in (robot.loop.hold_reason or ''), 3.0), \
+        robot.loop.hold_reason
+    assert time.monotonic() - stopped < 2.0, 'the loss took the deadline (5 s), not the 0.5 s timeout'
+    assert robot.counters()['remote_server_losses'] == 2, 'both servers went silent'
+    assert robot.run_until(lambda: 'no live policy server' in (robot.loop.hold_reason or ''), 2.0), \
+        'with no live server, requests fail at once'
+    mine.beating = True                                    # back: picked up again
+    assert robot.run_until(lambda: mine.count() >= 2, 5.0)
+    mine.answer(mine.count() - 1)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+    assert robot.loop.hold_reason is None
+
+
+def test_a_robot_moves_to_the_second_server_and_never_executes_the_first_ones_late_or_foreign_answers(two_servers):
+    mine, other, robot = two_servers
+    assert robot.run_until(lambda: mine.count() == 1, 5.0)
+    assert other.count() == 0, 'one request, one server'
+    mine.beating = False
+    assert robot.run_until(lambda: other.count() == 1, 5.0), 'the robot asks the live server'
+    assert robot.counters()['remote_server_switches'] == 1 and robot.remote.stats['server'] == other.name
+    mine.answer(0, chunk=np.full((HORIZON, 3), 2.5))                           # late: its request failed
+    mine.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=other.requests[0].key)  # foreign: sent to the other
+    assert robot.run_until(lambda: robot.counters()['remote_late_answers'] == 2, 5.0)
+    assert robot.executed() == 0
+    other.answer(0)
+    assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+    executed = np.concatenate([points for points, times in robot.commands if times is not None])
+    assert np.all(executed < 2.0), 'an answer of the lost server was executed'
+    mine.beating = True                                    # back: the robot returns to its own server
+    assert robot.run_until(lambda: mine.count() >= 2, 10.0)
+    assert robot.remote.stats['server'] == mine.name

@@ -66,9 +66,20 @@ def test_remote_inference_needs_a_horizon_and_a_server_name_but_no_checkpoint():
     with pytest.raises(ParameterError, match="inference 'remote' needs chunking.horizon > 0"):
         settings_from_values(remote)
     settings = settings_from_values({**remote, 'chunking.horizon': 50})
-    assert (settings.inference, settings.remote_server) == ('remote', '/vla_policy_server')
+    assert (settings.inference, settings.remote_servers) == ('remote', ('/vla_policy_server',))
+    assert settings.remote_server_timeout == 0.5
     with pytest.raises(ParameterError, match="'remote.server' = 'server' must be a fully qualified"):
         settings_from_values({**remote, 'chunking.horizon': 50, 'remote.server': 'server'})
+
+
+def test_a_pool_of_servers_starts_with_remote_server_and_names_each_once():
+    remote = {**flatten(DEFAULTS), 'inference': 'remote', 'chunking.horizon': 50}
+    pool = settings_from_values({**remote, 'remote.servers': ['/gpu1', '/vla_policy_server', '/gpu2']})
+    assert pool.remote_servers == ('/vla_policy_server', '/gpu1', '/gpu2')
+    with pytest.raises(ParameterError, match="'remote.servers' = 'gpu1' must be a fully qualified"):
+        settings_from_values({**remote, 'remote.servers': ['gpu1']})
+    with pytest.raises(ParameterError, match="'remote.servers' lists a server twice"):
+        settings_from_values({**remote, 'remote.servers': ['/gpu1', '/gpu1']})
     with pytest.raises(ParameterError, match='inference'):
         settings_from_values({**VALUES, 'inference': 'cloud'})
 

@@ -145,9 +145,10 @@ class PolicyWiring:
         """Return (the policy, its inference thread), or (None, the remote server's client)."""
         settings = self._settings
         if settings.inference == 'remote':
-            return None, RemoteInference(self, settings.remote_server, settings.joint_names, self._now,
+            return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
                                          remote_deadline(settings, self._sim_time()),
-                                         self.get_logger().warning)
+                                         self.get_logger().warning, settings.remote_server_timeout,
+                                         self.get_logger().info)
         policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
@@ -341,14 +342,14 @@ class PolicyWiring:
         loop = self._loop.status(self._now(), self._settings.diagnostics_period)
         device = 'remote' if self._policy is None else str(self._policy.device)
         return diagnostics.NodeStatus(
-            state=loop.state, level=loop.level, model=self._model_description(),
+            state=loop.state, level=loop.level, model=self._model_description(policy.get('server')),
             device=device, counters={**policy['counters'], **loop.counters},
             latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
             max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
 
-    def _model_description(self) -> str:
+    def _model_description(self, server: str | None = None) -> str:
         if self._policy is None:
-            return f'policy of the server {self._settings.remote_server}'
+            return f"policy of the server {server or ' or '.join(self._settings.remote_servers)}"
         if self._settings.checkpoint:
             return f'{self._policy.family} from {self._settings.checkpoint}'
         return f'{self._policy.family} model with RANDOM weights (no checkpoint)'

@@ -93,7 +93,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'server\'s.', choices=INFERENCE),
     ParamSpec('remote.server', '/vla_policy_server', 'Fully qualified name of the '
               'vla_policy_server node for inference remote (topics <server>/requests, '
-              '<server>/chunks).'),
+              '<server>/chunks, <server>/heartbeat).'),
+    ParamSpec('remote.servers', Parameter.Type.STRING_ARRAY, 'More vla_policy_server nodes '
+              '(fully qualified names, e.g. one per GPU) that share the fleet with remote.server: '
+              'each request goes to the live server of the pool ranking highest for this robot '
+              '(rendezvous hashing: robots split evenly and move only when their server is lost).',
+              optional=True),
+    ParamSpec('remote.server_timeout', 0.5, 'Seconds without a heartbeat after which a policy '
+              'server counts as lost: its request in flight fails at once and the next goes to '
+              'another live server. Above the servers\' heartbeat_period (0.1 s).', bounds=(0.05, 10.0)),
     ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty builds the tiny model with '
               'RANDOM weights, which starts only with allow_random_weights.'),
     ParamSpec('allow_random_weights', False, 'Let the tiny model with random weights (empty '

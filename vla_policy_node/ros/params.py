@@ -94,7 +94,8 @@ class NodeSettings(PolicySettings):
     limits: MotionLimits
     diagnostics_period: float
     inference: str = 'local'
-    remote_server: str = '/vla_policy_server'
+    remote_servers: tuple[str, ...] = ('/vla_policy_server',)   # remote.server, then remote.servers
+    remote_server_timeout: float = 0.5
 
 
 def _check_device(device: str) -> None:
@@ -154,9 +155,15 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         raise ParameterError(
             "inference 'remote' needs chunking.horizon > 0 (at most the server policy's chunk "
             'size): the node does not load the policy, so it cannot read the chunk size')
-    if remote and not values['remote.server'].startswith('/'):
-        raise ParameterError(f"parameter 'remote.server' = '{values['remote.server']}' must be a "
-                             "fully qualified node name, e.g. '/vla_policy_server'")
+    servers = (values['remote.server'], *[s for s in values['remote.servers'] or ()
+                                          if s != values['remote.server']])
+    for server in servers if remote else ():
+        if not server.startswith('/'):
+            name = 'remote.server' if server == values['remote.server'] else 'remote.servers'
+            raise ParameterError(f"parameter '{name}' = '{server}' must be a "
+                                 "fully qualified node name, e.g. '/vla_policy_server'")
+    if remote and len(set(servers)) != len(servers):
+        raise ParameterError(f"parameter 'remote.servers' lists a server twice: {list(servers)}")
     if not remote and not values['checkpoint'] and not values['allow_random_weights']:
         raise ParameterError(
             "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
@@ -259,7 +266,8 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         limits=limits,
         diagnostics_period=values['diagnostics_period'],
         inference=values['inference'],
-        remote_server=values['remote.server'],
+        remote_servers=servers,
+        remote_server_timeout=values['remote.server_timeout'],
     )
 
 

@@ -1,16 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-Serve chunk requests of several robots from one policy: requests close in time share a batch.
+Serve chunk requests of several robots from one policy, batching whatever is waiting.
 
-The first request waits at most ``window`` seconds for others (or until ``max_batch`` have
-come); then the batch runs as one ``Policy.predict_action_chunks`` call: one prefix pass over
+Continuous batching: the moment the server is free it takes every request waiting then (up to
+``max_batch``, oldest first) as one batch, so robots whose requests fall at any phase share a
+batch whenever they wait at the same time, and a lone request on an idle server starts at once.
+``window`` > 0 optionally lets a first request on an idle server wait that long for company. A
+batch runs as one ``Policy.predict_action_chunks`` call: one prefix pass over
 every robot's observation (the prefix cache is filled once per batch and frozen: denoising
 only reads it) and one denoising loop, each robot with its own instruction and its own
 real-time chunking guidance. Requests that cannot share a pass (other cameras or frame sizes)
 run as batches of their own, so a batch never mixes shapes.
 
 A robot has at most one request queued: a newer one replaces it (the older observation would
-only be stale by the time it ran). At most ``max_queued`` robots wait at once; a request
+only be stale by the time it ran). A request that has waited on the server longer than its
+robot's ``deadline`` is dropped unserved (its robot has given up on it already: it measures the
+deadline from sending, before the server received it), so an overloaded server spends nothing
+on answers nobody will take. At most ``max_queued`` robots wait at once; a request
 beyond that is answered at once with a fault, so a flood of robots cannot exhaust memory. A
 batch that raises runs again one request at a time, so a malformed observation faults only
 its own robot; an answer that cannot be sent is counted and the others still go out. The
@@ -33,7 +39,7 @@ from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED
 
 SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
-                   'refused_requests', 'answer_errors')
+                   'refused_requests', 'answer_errors', 'expired_requests')
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,15 @@ class ServedRequest:
 
     client: the robot's unique name; reply_to: what its answer must carry back (returned as it
     came, never interpreted here). observation: images {camera: (H, W, 3) uint8}, state (D,),
-    task. received_at: the server's clock on arrival (set by ``submit``).
+    task. deadline: seconds its robot waits for the answer (None: no bound here). received_at:
+    the server's clock on arrival (set by ``submit``).
     """
 
     client: str
     reply_to: Any
     observation: dict[str, Any]
     rtc: RTCGuidance | None
+    deadline: float | None = None
     received_at: float = 0.0
 
 
@@ -73,9 +81,9 @@ class ServedChunk:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How long a first request waits for company, the largest batch, the most robots waiting."""
+    """How long a first request on an idle server waits for company, the largest batch, the most waiting."""
 
-    window: float = 0.005       # seconds
+    window: float = 0.0         # seconds; 0: continuous, an idle server starts at once
     max_batch: int = 16
     max_queued: int = 256
 
@@ -145,6 +153,12 @@ class BatchServer:
         return not self._thread.is_alive()
 
     @property
+    def queued(self) -> int:
+        """Return the number of requests waiting."""
+        with self._condition:
+            return len(self._queue)
+
+    @property
     def stats(self) -> dict[str, Any]:
         """Return counters, mean and largest batch size, and queue wait (mean, p95) in seconds."""
         with self._condition:
@@ -171,6 +185,10 @@ class BatchServer:
                 taken = list(self._queue.values())[:self._config.max_batch]
                 for request in taken:
                     del self._queue[request.client]
+                now = self._clock()
+                fresh = [r for r in taken if r.deadline is None or now - r.received_at <= r.deadline]
+                self._counters['expired_requests'] += len(taken) - len(fresh)
+                taken = fresh
             for group in _compatible_groups(taken):
                 self._serve(group)
 

@@ -5,9 +5,11 @@
 Robots run ``vla_policy_node`` with ``inference: remote``; each keeps its control loop and
 every safety decision (deadline, staleness, episodes, limits) on board. This node only
 computes: it decodes requests from ``~/requests`` (wire format: ``remote_protocol``), hands
-them to the ROS-free :class:`BatchServer`, which runs requests arriving within
-``batch.window`` seconds as one batch (one prefix pass, one denoising loop), and publishes
-each answer on ``~/chunks``. /diagnostics reports batches, mean and largest batch size,
+them to the ROS-free :class:`BatchServer`, which runs every request waiting when it is free
+as one batch (continuous batching: one prefix pass, one denoising loop), and publishes
+each answer on ``~/chunks``. A heartbeat on ``~/heartbeat`` every ``heartbeat_period`` seconds
+lets robots see at once that the server is gone (killed, stopped, unreachable) and move to
+another. /diagnostics reports batches, mean and largest batch size,
 queue wait and the policy's latencies, at WARN while requests are refused or batches fail.
 
 A request is refused with a fault answer (so the robot holds with the reason at once, not
@@ -19,12 +21,13 @@ logged once per robot.
 
 Parameters: the policy ones of ``vla_policy_node`` (``checkpoint``, ``allow_random_weights``,
 ``device``, ``dtype``, ``tiny_model.*``, ``camera_names``, ``joint_names``, ...; the same
-parameter file works) and ``batch.window``, ``batch.max_size``.
+parameter file works) and ``batch.window``, ``batch.max_size``, ``heartbeat_period``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import secrets
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 import numpy as np
@@ -39,9 +42,10 @@ from vla_policy_node.ros.diagnostics import status_prefix
 from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, PolicySettings, SPECS
 from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.process import run_until_signal
-from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
+from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.protocol import (CHUNKS_TOPIC, decode_request, decode_request_key, encode_chunk,
-                                                 ProtocolError, RequestKey, REQUESTS_TOPIC, WireRequest)
+                                                 encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError, RequestKey,
+                                                 REQUESTS_TOPIC, WireRequest)
 
 NODE_NAME = 'vla_policy_server'
 POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
@@ -49,11 +53,14 @@ POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'd
                      'tiny_model.num_steps', 'tiny_model.seed', 'camera_names', 'joint_names',
                      'diagnostics_period')
 SERVER_PARAMETERS = (
-    ParamSpec('batch.window', 0.005, 'Seconds the first queued request waits for others to '
-              'share its batch (one prefix pass, one denoising loop).', bounds=(0.0, 1.0)),
+    ParamSpec('batch.window', 0.0, 'Seconds a request reaching an idle server waits for others to '
+              'share its batch. 0: continuous batching, a free server starts at once with every '
+              'request waiting (one prefix pass, one denoising loop).', bounds=(0.0, 1.0)),
     ParamSpec('batch.max_size', 16, 'Most requests in one batch. With cuda_graphs or compile, graphs or '
               'programs are built in the warm-up for batches of 1, 2, 4, ... and this size; a batch '
               'runs padded to the smallest that holds it.', bounds=(1, MAX_ROBOTS)),
+    ParamSpec('heartbeat_period', 0.1, 'Seconds between heartbeats on ~/heartbeat; robots count the '
+              'server lost after their remote.server_timeout without one.', bounds=(0.01, 5.0)),
 )
 NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
                           ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
@@ -66,6 +73,7 @@ class ServerSettings(PolicySettings):
     diagnostics_period: float
     batch_window: float
     batch_max_size: int
+    heartbeat_period: float
     chunking: ChunkingSettings = NO_RTC     # robots choose blending; compile stays allowed
 
 
@@ -100,7 +108,8 @@ def declare_server_parameters(node: Node) -> ServerSettings:
         tiny_num_steps=values['tiny_model.num_steps'], tiny_seed=values['tiny_model.seed'],
         camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
         diagnostics_period=values['diagnostics_period'],
-        batch_window=values['batch.window'], batch_max_size=values['batch.max_size'])
+        batch_window=values['batch.window'], batch_max_size=values['batch.max_size'],
+        heartbeat_period=values['heartbeat_period'])
 
 
 class PolicyServerNode(Node):
@@ -121,10 +130,20 @@ class PolicyServerNode(Node):
         self.create_subscription(UInt8MultiArray, f'~/{REQUESTS_TOPIC}', self._on_request,
                                  REMOTE_FLEET_QOS)
         self.create_timer(self._settings.diagnostics_period, self._publish_diagnostics)
+        self._instance = secrets.token_hex(8)
+        self._heartbeats = self.create_publisher(DiagnosticStatus, f'~/{HEARTBEAT_TOPIC}', HEARTBEAT_QOS)
         self._server.start()
+        self.create_timer(self._settings.heartbeat_period, self._beat)
+        window = self._settings.batch_window
         self.get_logger().info(
             f'ready: serving {self._policy.describe()} on {self.get_fully_qualified_name()}/'
-            f'{REQUESTS_TOPIC}, batch window {self._settings.batch_window * 1e3:g} ms')
+            f'{REQUESTS_TOPIC}, ' + (f'batch window {window * 1e3:g} ms' if window else 'continuous batching'))
+
+    def _beat(self) -> None:
+        """Tell robots this server runs (only while its batching thread does)."""
+        if self._server.alive:
+            self._heartbeats.publish(encode_heartbeat(self.get_fully_qualified_name(), self._instance,
+                                                      self._settings.heartbeat_period, self._server.queued))
 
     def _on_request(self, msg: UInt8MultiArray) -> None:
         try:
@@ -135,7 +154,8 @@ class PolicyServerNode(Node):
         if problem is not None:
             self._refuse(msg, request, problem)
             return
-        self._server.submit(ServedRequest(request.key.robot, request.key, request.observation, request.rtc))
+        self._server.submit(ServedRequest(request.key.robot, request.key, request.observation, request.rtc,
+                                          request.deadline))
 
     def _mismatch(self, request: WireRequest) -> str | None:
         """Why this server must not serve the request's robot, or None."""
@@ -204,7 +224,7 @@ class PolicyServerNode(Node):
         self._diagnostics.publish(array)
 
     def stop(self) -> bool:
-        """Stop serving after the running batch; True when it has finished."""
+        """Stop serving (and beating) after the running batch; True when it has finished."""
         return self._server.stop(timeout=5.0)
 
 

@@ -15,14 +15,19 @@ A message is a list of named segments: ``layout.dim[i].label`` names segment ``i
 first segment, ``meta``, is UTF-8 JSON; ``ros2 topic echo --no-arr`` shows the segment list.
 
 Request segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
-"obs_time", "joints": [J names], "task", "state": [D floats], "images": {camera: [H, W]},
-"rtc": null | {"shape": [K, A],
-"delay_steps", "max_guidance_weight", "guidance"}}``; ``image/<camera>``: rgb8 rows, H * W * 3
-bytes; ``rtc_prefix``: the committed actions, K * A little-endian float64.
+"obs_time", "deadline": null | seconds the robot waits, "joints": [J names], "task",
+"state": [D floats], "images": {camera: [H, W]}, "rtc": null | {"shape": [K, A], "delay_steps",
+"max_guidance_weight", "guidance"}}``; ``image/<camera>``: rgb8 rows, H * W * 3 bytes;
+``rtc_prefix``: the committed actions, K * A little-endian float64.
 
 Chunk segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
 "obs_time", "fault": null | str, "error", "shape": [T, A], "queue_wait", "compute", "batch_size"}``
 (seconds); ``chunk``: T * A little-endian float32 (absent with a fault).
+
+Heartbeats: each server publishes a ``diagnostic_msgs/DiagnosticStatus`` on
+``<server>/heartbeat`` every ``heartbeat_period`` seconds: ``name`` = the server's node name,
+``hardware_id`` = its run (drawn at start), values ``period`` and ``queued`` (requests waiting).
+Robots count a server as lost when its heartbeats stop (``server.pool``).
 
 Why this and not a service or an action with the project's own messages: a message package
 must be generated with rosidl and CMake, which this package (ament_python, pip-installable)
@@ -40,6 +45,7 @@ import math
 from typing import Any
 
 import numpy as np
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 from std_msgs.msg import MultiArrayDimension, UInt8MultiArray
 
 from vla_policy_node.control.chunking import RTC_GUIDANCE, RTCGuidance
@@ -47,6 +53,7 @@ from vla_policy_node.control.chunking import RTC_GUIDANCE, RTCGuidance
 VERSION = 2
 REQUESTS_TOPIC = 'requests'
 CHUNKS_TOPIC = 'chunks'
+HEARTBEAT_TOPIC = 'heartbeat'
 MAX_CAMERA_PIXELS = 4096 * 4096
 MAX_META_BYTES = 1 << 20        # a task, a state and a few shapes: far below; bounds json.loads
 
@@ -79,6 +86,7 @@ class WireRequest:
     joints: tuple[str, ...]
     observation: dict[str, Any]     # images {camera: (H, W, 3) uint8}, state (D,) float32, task
     rtc: RTCGuidance | None
+    deadline: float | None = None   # seconds the robot waits for the answer
 
 
 @dataclass(frozen=True)
@@ -147,11 +155,12 @@ def _finite(meta: dict[str, Any], name: str) -> float:
 
 # ---------------------------------------------------------------------- requests
 def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str, Any],
-                   rtc: RTCGuidance | None) -> UInt8MultiArray:
+                   rtc: RTCGuidance | None, deadline: float | None = None) -> UInt8MultiArray:
     """Build a request from the loop's observation (images, state, task) and the chunk request."""
     images = {name: np.ascontiguousarray(rgb, dtype=np.uint8)
               for name, rgb in observation['images'].items()}
-    meta = {'version': VERSION, **key.meta(), 'joints': list(joints), 'task': observation['task'],
+    meta = {'version': VERSION, **key.meta(), 'deadline': deadline, 'joints': list(joints),
+            'task': observation['task'],
             'state': [float(x) for x in np.asarray(observation['state']).ravel()],
             'images': {name: list(rgb.shape[:2]) for name, rgb in images.items()}, 'rtc': None}
     segments = [(f'image/{name}', rgb.tobytes()) for name, rgb in images.items()]
@@ -228,8 +237,13 @@ def _decode_request(msg: UInt8MultiArray) -> WireRequest:
     spec = meta.get('rtc')
     if spec is not None:
         rtc = _decode_rtc(spec, segments.get('rtc_prefix'))
+    deadline = None
+    if meta.get('deadline') is not None:
+        deadline = _finite(meta, 'deadline')
+        if deadline <= 0:
+            raise ProtocolError('meta.deadline must be null or > 0 s')
     observation = {'images': images, 'state': state.astype(np.float32), 'task': task}
-    return WireRequest(key, tuple(joints), observation, rtc)
+    return WireRequest(key, tuple(joints), observation, rtc, deadline)
 
 
 def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
@@ -292,3 +306,18 @@ def _decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
         key=_key(meta), chunk=chunk,
         fault=fault, error=str(meta.get('error', '')), queue_wait=_finite(meta, 'queue_wait'),
         compute=_finite(meta, 'compute'), batch_size=_field(meta, 'batch_size', int))
+
+
+# ---------------------------------------------------------------------- heartbeats
+def encode_heartbeat(server: str, instance: str, period: float, queued: int) -> DiagnosticStatus:
+    """Build one heartbeat of the server run ``instance``."""
+    return DiagnosticStatus(level=DiagnosticStatus.OK, name=server, message='serving', hardware_id=instance,
+                            values=[KeyValue(key='period', value=f'{period:g}'),
+                                    KeyValue(key='queued', value=str(queued))])
+
+
+def decode_heartbeat(msg: DiagnosticStatus) -> str:
+    """Return the server run a heartbeat comes from; ProtocolError without one."""
+    if not msg.hardware_id:
+        raise ProtocolError('a heartbeat names its server run in hardware_id')
+    return msg.hardware_id
