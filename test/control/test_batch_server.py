@@ -235,3 +235,24 @@ def test_a_request_older_than_its_deadline_is_dropped_unserved():
     assert answers.done.wait(10.0) and server.stop(5.0)
     assert [a.request.client for a in answers.items] == ['/first', '/patient']
     assert server.stats['counters']['expired_requests'] == 1 and slow.batches == [1, 1]
+
+
+def test_a_request_that_could_not_be_answered_in_time_is_dropped_but_one_slow_batch_never_stops_serving():
+    """Wait + one batch (the last one's time) past the deadline: dropped, unless nothing else is left."""
+    slow = SlowPolicy(0.3)
+    answers = Answers(3)
+    server = BatchServer(slow, answers, BatchConfig(max_batch=1))
+    obs = observations(1)[0]
+    server.start()
+    server.submit(ServedRequest('/first', 0, obs, None))
+    time.sleep(0.05)                           # /first runs 0.3 s: later answers come >= 0.3 s after it
+    server.submit(ServedRequest('/tight', 0, obs, None, deadline=0.4))     # waits 0.25 + 0.3 > 0.4
+    server.submit(ServedRequest('/roomy', 0, obs, None, deadline=5.0))
+    deadline = time.monotonic() + 10.0
+    while len(answers.items) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [a.request.client for a in answers.items] == ['/first', '/roomy']
+    assert server.stats['counters']['expired_requests'] == 1
+    server.submit(ServedRequest('/lone', 0, obs, None, deadline=0.2))      # 0.3 s batches, 0.2 s deadline
+    assert answers.done.wait(10.0) and server.stop(5.0)
+    assert answers.items[-1].request.client == '/lone', 'served anyway: the estimate may be out of date'

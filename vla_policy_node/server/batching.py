@@ -13,10 +13,10 @@ real-time chunking guidance. Requests that cannot share a pass (other cameras or
 run as batches of their own, so a batch never mixes shapes.
 
 A robot has at most one request queued: a newer one replaces it (the older observation would
-only be stale by the time it ran). A request that has waited on the server longer than its
-robot's ``deadline`` is dropped unserved (its robot has given up on it already: it measures the
-deadline from sending, before the server received it), so an overloaded server spends nothing
-on answers nobody will take. At most ``max_queued`` robots wait at once; a request
+only be stale by the time it ran). A request whose wait plus one batch (the last one's time)
+passes its robot's ``deadline`` is dropped unserved: its robot measures the deadline from
+sending, before the server received it, so it will have given up before the answer comes. An
+overloaded server so spends nothing on answers nobody will take. At most ``max_queued`` robots wait at once; a request
 beyond that is answered at once with a fault, so a flood of robots cannot exhaust memory. A
 batch that raises runs again one request at a time, so a malformed observation faults only
 its own robot; an answer that cannot be sent is counted and the others still go out. The
@@ -112,6 +112,7 @@ class BatchServer:
         self._batched_requests = 0
         self._max_batch_seen = 0
         self._queue_waits: list[float] = []
+        self._last_compute = 0.0        # seconds the last batch took: the soonest a new answer comes
         self._thread = threading.Thread(target=self._run, name='vla_batch_server', daemon=True)
 
     def start(self) -> None:
@@ -182,15 +183,32 @@ class BatchServer:
                     timeout=max(0.0, first.received_at + self._config.window - self._clock()))
                 if self._stopping:
                     return
+                self._drop_hopeless()
                 taken = list(self._queue.values())[:self._config.max_batch]
                 for request in taken:
                     del self._queue[request.client]
-                now = self._clock()
-                fresh = [r for r in taken if r.deadline is None or now - r.received_at <= r.deadline]
-                self._counters['expired_requests'] += len(taken) - len(fresh)
-                taken = fresh
             for group in _compatible_groups(taken):
                 self._serve(group)
+
+    def _drop_hopeless(self) -> None:
+        """
+        Drop the waiting requests whose answer could not reach their robot in time (lock held).
+
+        A request's answer comes at the earliest one batch from now; the last batch's time
+        stands in for it. Under overload this keeps the server on requests it can still serve
+        in time instead of computing answers every robot has given up on (which would make every
+        answer late: the fleet benchmark's collapse).
+        """
+        now = self._clock()
+        alive = [r for r in self._queue.values() if r.deadline is None or now - r.received_at <= r.deadline]
+        hopeful = [r for r in alive if r.deadline is None or now - r.received_at + self._last_compute <= r.deadline]
+        if alive and not hopeful:       # never trust one slow batch forever: serve the newest, measure again
+            hopeful = [max(alive, key=lambda r: r.received_at)]
+        kept = {r.client for r in hopeful}
+        hopeless = [client for client in self._queue if client not in kept]
+        for client in hopeless:
+            del self._queue[client]
+        self._counters['expired_requests'] += len(hopeless)
 
     def _serve(self, batch: list[ServedRequest]) -> None:
         started = self._clock()
@@ -208,6 +226,7 @@ class BatchServer:
             answers = [(None, FAULT_RAISED, f'{type(error).__name__}: {error}')]
         compute = self._clock() - started
         with self._condition:
+            self._last_compute = compute
             self._counters['batches'] += 1
             self._counters['prefix_passes'] += self._policy.stats.prefix_passes - passes_before
             self._batched_requests += len(batch)
