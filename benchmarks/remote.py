@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--threads', type=int, default=1, help='torch threads of the server and of '
                         'each local node (more than 1 thrashes on a loaded machine)')
     parser.add_argument('--frame', type=int, nargs=2, default=[240, 320], metavar=('H', 'W'))
-    parser.add_argument('--window', type=float, default=0.005)
+    parser.add_argument('--window', type=float, default=0.0, help='batch.window (s); 0: continuous batching')
     parser.add_argument('--domain-id', type=int, default=int(os.environ.get('ROS_DOMAIN_ID', '97')))
     parser.add_argument('--batch-cost', choices=('tiny', 'smolvla'))
     parser.add_argument('--iters', type=int, default=3)
