@@ -54,11 +54,33 @@ $(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
 	$(PYTHON) -c 'import composition_interfaces.srv, launch_ros.actions, launch_testing'
 	touch $@
 
+# control_msgs (FollowJointTrajectory, GripperCommand: the command_interface follow_joint_trajectory
+# and gripper_command) has no wheel either: its definitions in ../shared/ros2-interfaces are
+# generated the same way, trimmed to what the node uses (interfaces/control_msgs: CMakeLists.txt,
+# package.xml; COLCON_IGNORE keeps a robot's workspace on its distribution's control_msgs).
+ROS2_INTERFACES ?= ../shared/ros2-interfaces
+CONTROL_MSGS_STAMP := $(if $(LAUNCH_STAMP),$(if $(wildcard $(ROS2_INTERFACES)/control_msgs/package.xml),$(VENV)/.control-msgs-stamp))
+CONTROL_MSGS_FILES := action/FollowJointTrajectory.action action/GripperCommand.action msg/GripperCommand.msg \
+    msg/JointComponentTolerance.msg msg/JointTolerance.msg
+$(VENV)/.control-msgs-stamp: $(LAUNCH_STAMP) interfaces/control_msgs/CMakeLists.txt interfaces/control_msgs/package.xml
+	rm -rf build/control_msgs build/control_msgs_src
+	mkdir -p build/control_msgs_src/msg build/control_msgs_src/action
+	cp interfaces/control_msgs/CMakeLists.txt interfaces/control_msgs/package.xml \
+	    $(ROS2_INTERFACES)/control_msgs/LICENSE build/control_msgs_src/
+	for f in $(CONTROL_MSGS_FILES); do cp $(ROS2_INTERFACES)/control_msgs/$$f build/control_msgs_src/$$f; done
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S build/control_msgs_src -B build/control_msgs \
+	    -DCMAKE_INSTALL_PREFIX=$(abspath $(VENV)) -DCMAKE_PREFIX_PATH=$(abspath $(VENV)) \
+	    -DPython3_EXECUTABLE=$(abspath $(PYTHON)) -DBUILD_TESTING=OFF
+	cmake --build build/control_msgs -j 2
+	cmake --install build/control_msgs
+	$(PYTHON) -c 'from control_msgs.action import FollowJointTrajectory, GripperCommand'
+	touch $@
+
 # Editable install: puts the vla_policy_node, vla_policy_lifecycle_node, vla_policy_server,
 # vla_policy_sim_robot, vla-policy-bench, vla-policy-train, vla-policy-sim-eval and
 # vla-policy-replay console scripts in $(VENV)/bin, running this source tree.
 install: $(VENV)/.install-stamp
-$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) setup.py setup.cfg package.xml \
+$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) $(CONTROL_MSGS_STAMP) setup.py setup.cfg package.xml \
     $(wildcard launch/* config/*)
 	$(VENV)/bin/pip install --no-deps --no-build-isolation -e .
 	$(PYTHON) -m vla_policy_node.ament_registration $(VENV)

@@ -66,7 +66,10 @@ def test_the_loop_knows_which_joints_get_only_the_first_point_of_a_trajectory():
      "'arm_controller/joint_trajectory']"),
     ({'commands.gripper.interface': 'gripper_action'},
      "parameter 'commands.gripper.interface' = 'gripper_action' must be a string (one of "
-     'joint_trajectory, forward_command)'),
+     'joint_trajectory, forward_command, follow_joint_trajectory, gripper_command)'),
+    ({'commands.gripper.interface': 'gripper_command', 'commands.gripper.joints': ['wrist_roll', 'gripper'],
+      'commands.arm.joints': ['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex']},
+     "command group 'gripper' uses gripper_command, which drives one joint; it lists 2"),
     ({'commands.groups': ['arm', 'arm']},
      "parameter 'commands.groups' has duplicated entries: ['arm', 'arm']"),
     ({'commands.groups': ['arm', 'the gripper']},

@@ -105,7 +105,7 @@ def test_default_yaml_is_valid():
      "parameter 'control_rate_hz' = 0.0 must be a double in [1.0, 1000.0]"),
     ({'command_interface': 'velocity'},
      "parameter 'command_interface' = 'velocity' must be a string "
-     '(one of joint_trajectory, forward_command)'),
+     '(one of joint_trajectory, forward_command, follow_joint_trajectory, gripper_command)'),
     ({'dtype': 'float64'},
      "parameter 'dtype' = 'float64' must be a string (one of float32, bfloat16, float16)"),
     ({'device': 'tpu'}, "parameter 'device' = 'tpu' must be auto, cpu, cuda or cuda:N"),

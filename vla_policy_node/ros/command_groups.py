@@ -24,6 +24,21 @@ Messages, as ros2_controllers reads them:
   velocities it interpolates with cubic splines instead of linearly.
 * ``forward_command`` (``/<controller>/commands``): ``Float64MultiArray`` of this tick's
   point, in the group's joint order, which must be the controller's ``joints`` order.
+* ``follow_joint_trajectory`` (the action ``/<controller>/follow_joint_trajectory``): each tick
+  a goal with the trajectory the topic would carry; joint_trajectory_controller preempts the
+  running goal with it (the preempted goal ends canceled: expected, not counted). Tolerances
+  are left empty, so the controller's configured ones apply; a goal it rejects, or that ends
+  aborted (tolerance violated, wrong joints: its ``error_code`` and ``error_string``), is
+  counted (``command_goals_rejected``, ``command_goals_failed``) and logged.
+* ``gripper_command`` (the action ``/<controller>/gripper_cmd``, gripper_action_controller):
+  one joint; each tick a goal with this tick's point as ``position`` and ``gripper_max_effort``
+  as ``max_effort``, preempting the previous. A goal ending stalled is what grasping looks like,
+  not a failure: only a rejection is counted.
+
+For the actions, the command-link check asks whether the action server is there (a topic asks
+for a subscriber); another action client's goals cannot be seen in the graph, so the check for
+other commanders covers the topics only. control_msgs is imported only when a group uses an
+action (``make setup`` generates it where no ROS 2 distribution provides it).
 """
 
 from __future__ import annotations
@@ -45,7 +60,11 @@ from trajectory_msgs.msg import JointTrajectory
 
 from vla_policy_node.ros.conversions import action_to_float64_multiarray, chunk_to_joint_trajectory
 
-COMMAND_INTERFACES = ('joint_trajectory', 'forward_command')
+COMMAND_INTERFACES = ('joint_trajectory', 'forward_command', 'follow_joint_trajectory', 'gripper_command')
+TRAJECTORY_INTERFACES = ('joint_trajectory', 'follow_joint_trajectory')    # several points per message
+ACTION_INTERFACES = ('follow_joint_trajectory', 'gripper_command')
+OUTPUT_COUNTERS = ('command_goals_sent', 'command_goals_rejected', 'command_goals_failed')
+GOAL_LOG_PERIOD = 5.0       # s between warnings about rejected or failed goals (all are counted)
 DEFAULT_GROUP = 'default'
 _GROUP_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 
@@ -108,8 +127,11 @@ def command_groups_from_values(values: Mapping[str, Any],
                 raise ValueError(f"joint '{joint}' is in command groups '{owner[joint]}' and "
                                  f"'{name}'; a joint belongs to one controller")
             owner[joint] = name
-        groups.append(CommandGroup(name, joints, values[group_parameter(name, 'interface')], topic,
-                                   tuple(index[joint] for joint in joints)))
+        interface = values[group_parameter(name, 'interface')]
+        if interface == 'gripper_command' and len(joints) != 1:
+            raise ValueError(f"command group '{name}' uses gripper_command, which drives one joint; "
+                             f'it lists {len(joints)}')
+        groups.append(CommandGroup(name, joints, interface, topic, tuple(index[joint] for joint in joints)))
     missing = [joint for joint in joint_names if joint not in owner]
     if missing:
         raise ValueError(f'joints {missing} are in no command group: every joint the policy '
@@ -151,19 +173,29 @@ class CommandOutputs:
     """
 
     def __init__(self, node: Node, groups: Sequence[CommandGroup], qos: QoSProfile, velocities: bool = False,
-                 clock: Callable[[], float] = time.monotonic, watch: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, watch: bool = True,
+                 gripper_max_effort: float = 0.0) -> None:
         """``watch``: watch the topics for other publishers (False: the messages go to a bag, not DDS)."""
         self._node = node
         self._groups = tuple(groups)
         self._velocities = velocities
         self._clock = clock
-        kinds = [JointTrajectory if group.interface == 'joint_trajectory' else Float64MultiArray
-                 for group in self._groups]
-        self._publishers = [node.create_publisher(kind, group.topic, qos) for kind, group in zip(kinds, self._groups)]
+        self._gripper_max_effort = gripper_max_effort
+        self.counters = dict.fromkeys(OUTPUT_COUNTERS, 0)
+        self._goal_logged = dict.fromkeys(OUTPUT_COUNTERS, -GOAL_LOG_PERIOD)   # per kind of trouble
+        self._publishers: list[Any] = []
+        self._watchers: list[Any] = []
+        for i, group in enumerate(self._groups):
+            if group.interface in ACTION_INTERFACES:
+                self._publishers.append(_action_client(node, group))
+                self._watchers.append(None)
+                continue
+            kind = JointTrajectory if group.interface == 'joint_trajectory' else Float64MultiArray
+            publisher = node.create_publisher(kind, group.topic, qos)
+            self._publishers.append(publisher)
+            self._watchers.append(self._watch(i, kind, publisher.topic_name) if watch else None)
         self._matched = [0] * len(self._groups)         # publishers each watcher matches (this node's included)
         self._intruder_until = [-math.inf] * len(self._groups)
-        self._watchers = [self._watch(i, kind, publisher.topic_name) if watch else None
-                          for i, (kind, publisher) in enumerate(zip(kinds, self._publishers))]
 
     def _watch(self, index: int, kind: type, topic: str) -> Any:
         """Subscribe to a command topic for its matched events only (None where rclpy has none: Humble)."""
@@ -180,8 +212,9 @@ class CommandOutputs:
 
     @property
     def topics(self) -> tuple[str, ...]:
-        """Return the resolved topic of every group."""
-        return tuple(publisher.topic_name for publisher in self._publishers)
+        """Return the resolved topic (or action name) of every group."""
+        return tuple(self._node.resolve_topic_name(group.topic) if group.interface in ACTION_INTERFACES
+                     else publisher.topic_name for group, publisher in zip(self._groups, self._publishers))
 
     def publish(self, points: np.ndarray, dt: float, joints: np.ndarray | None = None) -> None:
         """
@@ -195,17 +228,56 @@ class CommandOutputs:
             columns = list(group.indices)
             if joints is not None and not joints[columns].all():
                 continue
-            if group.interface == 'joint_trajectory':
-                publisher.publish(chunk_to_joint_trajectory(
-                    points[:, columns], group.joints, dt,
-                    None if velocities is None else velocities[:, columns]))
+            if group.interface in TRAJECTORY_INTERFACES:
+                trajectory = chunk_to_joint_trajectory(points[:, columns], group.joints, dt,
+                                                       None if velocities is None else velocities[:, columns])
+                if group.interface == 'joint_trajectory':
+                    publisher.publish(trajectory)
+                else:
+                    self._send_goal(publisher, publisher.goal_type(trajectory=trajectory))
+            elif group.interface == 'gripper_command':
+                goal = publisher.goal_type()
+                goal.command.position = float(points[0, columns[0]])
+                goal.command.max_effort = float(self._gripper_max_effort)
+                self._send_goal(publisher, goal)
             else:
                 publisher.publish(action_to_float64_multiarray(points[0, columns]))
 
+    def _send_goal(self, client: Any, goal: Any) -> None:
+        """Send a goal; count (and log, now and then) a rejection or a failed result."""
+        self.counters['command_goals_sent'] += 1
+        client.send_goal_async(goal).add_done_callback(lambda future: self._on_goal_response(client, future))
+
+    def _on_goal_response(self, client: Any, future: Any) -> None:
+        handle = future.result()
+        if handle is None or not handle.accepted:
+            self._goal_trouble('command_goals_rejected', f'{client.action_name} rejected a goal')
+            return
+        handle.get_result_async().add_done_callback(lambda result: self._on_goal_result(client, result))
+
+    def _on_goal_result(self, client: Any, future: Any) -> None:
+        from action_msgs.msg import GoalStatus
+        response = future.result()
+        if response is None or response.status != GoalStatus.STATUS_ABORTED:
+            return                      # succeeded, or canceled by the next goal (preemption)
+        error = getattr(response.result, 'error_code', None)
+        if error is None:
+            return                      # a gripper that stalls on what it grasps
+        self._goal_trouble('command_goals_failed', f'{client.action_name} aborted a goal: error_code {error} '
+                                                   f'{response.result.error_string!r}')
+
+    def _goal_trouble(self, counter: str, text: str) -> None:
+        self.counters[counter] += 1
+        now = self._clock()
+        if now - self._goal_logged[counter] >= GOAL_LOG_PERIOD:
+            self._goal_logged[counter] = now
+            self._node.get_logger().warning(text)
+
     def other_publishers(self) -> tuple[int, ...]:
-        """Count the publishers on each group's topic besides this node (a graph query)."""
-        return tuple(max(0, self._node.count_publishers(publisher.topic_name) - 1)
-                     for publisher in self._publishers)
+        """Count the publishers on each group's topic besides this node (a graph query; 0 for actions)."""
+        return tuple(0 if group.interface in ACTION_INTERFACES
+                     else max(0, self._node.count_publishers(publisher.topic_name) - 1)
+                     for group, publisher in zip(self._groups, self._publishers))
 
     def intruders(self, polled: Sequence[int]) -> tuple[int, ...]:
         """Return ``polled`` (:meth:`other_publishers`) raised to 1 on a topic whose watcher saw another lately."""
@@ -223,8 +295,10 @@ class CommandOutputs:
         topics without a subscriber.
         """
         # The watchers subscribe too: a matched one is not a controller.
-        subscribers = [max(0, publisher.get_subscription_count() - (watcher is not None and matched > 0))
-                       for publisher, watcher, matched in zip(self._publishers, self._watchers, self._matched)]
+        subscribers = [int(publisher.server_is_ready()) if group.interface in ACTION_INTERFACES
+                       else max(0, publisher.get_subscription_count() - (watcher is not None and matched > 0))
+                       for group, publisher, watcher, matched
+                       in zip(self._groups, self._publishers, self._watchers, self._matched)]
         others = self.intruders(others)
         topics = self.topics
         contested = [(t, o) for t, o in zip(topics, others) if o > 0]
@@ -239,5 +313,32 @@ class CommandOutputs:
 
     def wait_for_all_acked(self, seconds: float) -> None:
         """Wait (at most ``seconds`` each) until subscribers have every message sent."""
-        for publisher in self._publishers:
-            publisher.wait_for_all_acked(Duration(seconds=seconds))
+        for group, publisher in zip(self._groups, self._publishers):
+            if group.interface not in ACTION_INTERFACES:
+                publisher.wait_for_all_acked(Duration(seconds=seconds))
+
+
+@dataclass(frozen=True)
+class _ActionOutput:
+    """An action group's client, the goal type it sends and the resolved action name."""
+
+    client: Any
+    goal_type: type
+    action_name: str
+
+    def server_is_ready(self) -> bool:
+        """Tell whether the controller's action server is there."""
+        return self.client.server_is_ready()
+
+    def send_goal_async(self, goal: Any) -> Any:
+        """Send a goal; return the future of its handle."""
+        return self.client.send_goal_async(goal)
+
+
+def _action_client(node: Node, group: CommandGroup) -> _ActionOutput:
+    """Make the action client of an action group (control_msgs is imported only here)."""
+    from control_msgs.action import FollowJointTrajectory, GripperCommand
+    from rclpy.action import ActionClient
+
+    action = FollowJointTrajectory if group.interface == 'follow_joint_trajectory' else GripperCommand
+    return _ActionOutput(ActionClient(node, action, group.topic), action.Goal, node.resolve_topic_name(group.topic))

@@ -39,7 +39,7 @@ from vla_policy_node.control.inference import InferenceWorker
 from vla_policy_node.control.joint_map import joint_mapped
 from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
 from vla_policy_node.ros import diagnostics
-from vla_policy_node.ros.command_groups import CommandOutputs
+from vla_policy_node.ros.command_groups import CommandOutputs, TRAJECTORY_INTERFACES
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_text, stamp_seconds,
                                              undecodable_is_an_error)
@@ -57,9 +57,9 @@ WATCHDOG_PERIOD_S = 0.1
 
 def loop_settings(settings: NodeSettings) -> LoopSettings:
     """Map the node's parameters to what the control loop obeys."""
-    trajectory = any(group.interface == 'joint_trajectory' for group in settings.command_groups)
+    trajectory = any(group.interface in TRAJECTORY_INTERFACES for group in settings.command_groups)
     points = settings.trajectory_points if trajectory else 1
-    first_point = tuple(sorted(i for group in settings.command_groups if group.interface != 'joint_trajectory'
+    first_point = tuple(sorted(i for group in settings.command_groups if group.interface not in TRAJECTORY_INTERFACES
                                for i in group.indices))
     return LoopSettings(
         joint_names=settings.joint_names, camera_names=settings.camera_names,
@@ -156,7 +156,8 @@ class PolicyWiring:
         """Create publishers, the loop, services, timers and, last, the subscriptions (joy_teleop)."""
         settings = self._settings
         self._outputs = CommandOutputs(self, settings.command_groups, COMMAND_QOS,
-                                       settings.trajectory_velocities)
+                                       settings.trajectory_velocities,
+                                       gripper_max_effort=settings.gripper_max_effort)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
@@ -343,7 +344,7 @@ class PolicyWiring:
         device = 'remote' if self._policy is None else str(self._policy.device)
         return diagnostics.NodeStatus(
             state=loop.state, level=loop.level, model=self._model_description(policy.get('server')),
-            device=device, counters={**policy['counters'], **loop.counters},
+            device=device, counters={**policy['counters'], **loop.counters, **self._outputs.counters},
             latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
             max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
 

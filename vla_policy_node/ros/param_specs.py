@@ -165,9 +165,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'velocities (finite differences of the safe points, 0 at the last one), so '
               'joint_trajectory_controller interpolates with splines instead of linearly.'),
     ParamSpec('command_interface', 'joint_trajectory',
-              'joint_trajectory (trajectory_msgs/JointTrajectory, joint_trajectory_controller) '
-              'or forward_command (std_msgs/Float64MultiArray, forward_command_controller).',
+              'joint_trajectory (trajectory_msgs/JointTrajectory, joint_trajectory_controller), '
+              'forward_command (std_msgs/Float64MultiArray, forward_command_controller), '
+              'follow_joint_trajectory (the control_msgs/FollowJointTrajectory action of '
+              'joint_trajectory_controller) or gripper_command (the control_msgs/GripperCommand '
+              'action of gripper_action_controller, one joint); command_topic is then the action name.',
               choices=COMMAND_INTERFACES),
+    ParamSpec('gripper_max_effort', 0.0, 'max_effort of each gripper_command goal, sent as is: an '
+              'effort-controlled gripper is limited to it (0 squeezes with no force), a '
+              'position-controlled one reads it for stall detection.', bounds=(0.0, 1e6)),
     ParamSpec('command_topic', 'joint_trajectory_controller/joint_trajectory',
               'Topic the joint commands are published on.'),
     ParamSpec('trajectory_points', 0, 'For command_interface joint_trajectory: planned actions '
@@ -248,10 +254,12 @@ def command_group_specs(names: Iterable[str]) -> tuple[ParamSpec, ...]:
             ParamSpec(group_parameter(name, 'joints'), Parameter.Type.STRING_ARRAY,
                       f'Joints of command group {name}, in its controller\'s joint order.'),
             ParamSpec(group_parameter(name, 'interface'), 'joint_trajectory',
-                      f'Message of command group {name}: joint_trajectory or forward_command.',
+                      f'Interface of command group {name}: joint_trajectory, forward_command, '
+                      'follow_joint_trajectory or gripper_command (see command_interface).',
                       choices=COMMAND_INTERFACES),
             ParamSpec(group_parameter(name, 'topic'), Parameter.Type.STRING,
-                      f'Topic of command group {name} (e.g. arm_controller/joint_trajectory).'),
+                      f'Topic (or action name) of command group {name} (e.g. '
+                      'arm_controller/joint_trajectory, gripper_controller/gripper_cmd).'),
         ]
     return tuple(specs)
 

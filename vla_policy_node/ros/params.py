@@ -81,6 +81,7 @@ class NodeSettings(PolicySettings):
     joint_map: JointMap
     command_groups: tuple[CommandGroup, ...]
     trajectory_velocities: bool
+    gripper_max_effort: float
     command_interface: str
     command_topic: str
     trajectory_points: int
@@ -244,6 +245,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         joint_map=joint_map,
         command_groups=groups,
         trajectory_velocities=values['trajectory_velocities'],
+        gripper_max_effort=values['gripper_max_effort'],
         command_interface=values['command_interface'],
         command_topic=values['command_topic'],
         trajectory_points=values['trajectory_points'],
