@@ -464,3 +464,28 @@ def test_sigint_while_the_plain_node_loads_exits_promptly():
         assert 'stopped before the node was ready' in node.output and 'Traceback' not in node.output, node.output
     finally:
         node.kill()
+
+
+def test_cleanup_destroys_the_action_clients_of_action_groups_and_configure_makes_them_again():
+    """An action client is a waitable, not a publisher: cleanup must not leave one behind per configure."""
+    import rclpy
+    from rclpy.action import ActionClient
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    from ros_harness import RANDOM_WEIGHTS_ARGS
+    from test_action_outputs import GROUP_ARGS
+    from vla_policy_node.ros.lifecycle_node import VlaPolicyLifecycleNode
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    node = VlaPolicyLifecycleNode(context=context, cli_args=[
+        '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS, *GROUP_ARGS])
+    clients = lambda: sum(isinstance(w, ActionClient) for w in node.waitables)  # noqa: E731
+    try:
+        for _ in range(2):
+            assert node.on_configure(None) == TransitionCallbackReturn.SUCCESS
+            assert clients() == 2
+            node.on_cleanup(None)
+            assert clients() == 0
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)

@@ -44,7 +44,7 @@ from vla_policy_node.ros.params import ParameterError
 from vla_policy_node.ros.policy_loader import PolicyLoadError
 from vla_policy_node.ros.qos import INSTRUCTION_VOLATILE_QOS
 
-ENTITY_KINDS = ('timers', 'subscriptions', 'services', 'publishers', 'guards')
+ENTITY_KINDS = ('timers', 'subscriptions', 'services', 'publishers', 'guards', 'waitables')  # waitables: action clients
 WORKER_STOP_S = 2.0     # how long cleanup and SIGINT wait for a running policy step
 ORPHAN_WAIT_S = 5.0     # how long configure waits for a step cleanup left running
 
@@ -237,10 +237,11 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         if self._joint_states is not None:
             self._joint_states.destroy()
         for kind, entities in self._wired.items():
-            destroy = getattr(self, {'guards': 'destroy_guard_condition'}.get(
-                kind, f'destroy_{kind[:-1]}'))
             for entity in entities:
-                destroy(entity)
+                if kind == 'waitables':     # an action client destroys its handle and leaves the node
+                    getattr(entity, 'destroy', lambda: self.remove_waitable(entity))()
+                else:
+                    getattr(self, {'guards': 'destroy_guard_condition'}.get(kind, f'destroy_{kind[:-1]}'))(entity)
         self._wired = {}
         self._loop = self._joint_states = None
         self._policy = None
