@@ -18,7 +18,8 @@ from vla_policy_node.ament_registration import EXECUTABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / 'launch' / 'vla_policy.launch.py'
-ARGUMENTS = {'config_file', 'namespace', 'lifecycle', 'checkpoint', 'device', 'use_sim_time'}
+ARGUMENTS = {'config_file', 'params_files', 'namespace', 'lifecycle', 'autostart', 'log_level', 'checkpoint', 'device',
+             'use_sim_time'}
 
 
 def calls(tree: ast.AST, name: str) -> list[ast.Call]:
@@ -45,7 +46,7 @@ def test_launch_file_starts_installed_executables_with_the_installed_config():
                    for kw in call.keywords if kw.arg == 'executable'}
     assert executables == {'vla_policy_node', 'vla_policy_lifecycle_node'}
     assert executables <= set(EXECUTABLES)
-    (join,) = calls(tree, 'join')
+    (join,) = [call for call in calls(tree, 'join') if getattr(call.args[-1], 'value', None) == 'default.yaml']
     parts = [arg.value for arg in join.args[1:]]
     assert parts == ['config', 'default.yaml']
     assert (ROOT / Path(*parts)).is_file()

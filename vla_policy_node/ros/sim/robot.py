@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+import re
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -35,6 +36,8 @@ from vla_policy_node.sim.arm import JOINT_NAMES
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.trajectory import TrajectoryFollower
+
+SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,18 @@ class SimRobot(Node):
         wins = sum(r.success for r in self.reports)
         if not done:
             return 'no episode finished: is vla_policy_node running with the same ROS_DOMAIN_ID?'
-        return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}% (through vla_policy_node over DDS)'
+        return f'{success_rate(wins, done)} (through vla_policy_node over DDS)'
+
+
+def success_rate(wins: int, done: int) -> str:
+    """Return the success rate line's start: ``success rate: 3/4 = 75%``."""
+    return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}%'
+
+
+def parse_success_rate(text: str) -> tuple[int, int] | None:
+    """Return (successes, episodes) of the success rate line in ``text``, or None without one."""
+    found = SUCCESS_RATE.search(text)
+    return None if found is None else (int(found['wins']), int(found['done']))
 
 
 def format_report(index: int, total: int, report: EpisodeReport) -> str:
