@@ -167,8 +167,14 @@ def test_layered_files_follow_the_namespace_at_the_log_level(env, tmp_path):
         values = {name: ros2(env, 'param', 'get', '--no-daemon', '--spin-time', '5', '--hide-type',
                              '/arm/vla_policy_node', name).stdout.strip()
                   for name in ('camera_names', 'joint_names', 'control_rate_hz', 'num_threads')}
+        info = ros2(env, 'node', 'info', '--no-daemon', '--spin-time', '5', '/arm/vla_policy_node').stdout
+        nodes = ros2(env, 'node', 'list', '--no-daemon', '--spin-time', '5').stdout.split()
     finally:
         output = launched.stop()
+    # The joint states are polled, not spun, but the subscription is the node's own (issue 33, item 6).
+    subscribers = info.split('Subscribers:')[1].split('Publishers:')[0]
+    assert '/arm/joint_states: sensor_msgs/msg/JointState' in subscribers, info
+    assert nodes == ['/arm/vla_policy_node'], nodes
     assert values == {'camera_names': "['top']", 'joint_names': "['shoulder', 'elbow', 'wrist']",
                       'control_rate_hz': '25.0', 'num_threads': '2'}, output
     assert '[DEBUG]' in output, 'log_level:=debug did not reach the node'

@@ -57,7 +57,7 @@ def test_setup_installs_every_file_and_executable_the_launch_file_needs():
     for pattern in ("glob('launch/*.launch.py')", "glob('config/*.yaml')", "'package.xml'",
                     "f'resource/{PACKAGE}'", "'LICENSE'"):
         assert pattern in text
-    assert "f'{name} = {entry}' for name, entry in EXECUTABLES.items()" in text
+    assert "f'{name} = {entry}' for name, entry in {**EXECUTABLES, **COMMANDS}.items()" in text
     for entry in EXECUTABLES.values():
         module, function = entry.split(':')
         source = ROOT / Path(*module.split('.')).with_suffix('.py')

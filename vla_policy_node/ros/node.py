@@ -9,7 +9,7 @@ loop's. The node adds what only ROS knows: who else is on the command topic, a w
 watchdog that keeps holding and reporting when a simulated clock stops, and /diagnostics.
 
 Input rates do not set the node's work: joint states are read once per tick from a
-subscription no executor spins (``PolledSubscription``), and camera callbacks only keep the
+subscription of the node that no executor waits on (``PolledSubscription``), and camera callbacks only keep the
 newest raw frame, decoded at the tick or when the loop is about to ask for a chunk. Inference
 runs on its own thread; all callbacks run on one executor thread and take microseconds.
 """
@@ -175,8 +175,7 @@ class PolicyWiring:
                 CompressedImage if transport == 'compressed' else Image,
                 camera_topic(topic, transport),
                 lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
-        self._joint_states = PolledSubscription(
-            self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
+        self._joint_states = PolledSubscription(self, JointState, settings.joint_states_topic, JOINT_STATES_QOS)
         for qos in self.INSTRUCTION_PROFILES:
             # A volatile publisher (``ros2 topic pub``) cannot match the transient-local reader;
             # its volatile twin takes the instruction, so that mismatch is expected, not logged.
@@ -360,7 +359,7 @@ class PolicyWiring:
         return self._worker.alive
 
     def destroy_node(self) -> None:
-        """Destroy the joint-state helper node too."""
+        """Destroy the polled joint-state subscription first: it keeps the node's handle in use."""
         if self._joint_states is not None:
             self._joint_states.destroy()
         super().destroy_node()
