@@ -16,14 +16,8 @@ REGISTRATION = runpy.run_path(
     str(Path(__file__).resolve().parent / 'vla_policy_node' / 'ament_registration.py'))
 PACKAGE = REGISTRATION['PACKAGE']
 EXECUTABLES = REGISTRATION['EXECUTABLES']
-# The user's commands, beside the ROS executables: setup.cfg installs every script into
-# lib/vla_policy_node (ros2 run's folder), which a workspace's setup does not put on PATH.
-COMMANDS = {
-    'vla-policy-bench': 'vla_policy_node.bench.cli:main',
-    'vla-policy-replay': 'vla_policy_node.replay.cli:main',
-    'vla-policy-train': 'vla_policy_node.train.cli:main',
-    'vla-policy-sim-eval': 'vla_policy_node.ros.sim.evaluation:main',
-}
+# The user's commands: in lib/vla_policy_node with every script (setup.cfg), and copied to bin/.
+COMMANDS = REGISTRATION['COMMANDS']
 
 
 def copy_commands_to_bin(script_dir: str) -> list[str]:

@@ -3,8 +3,8 @@
 Start vla_policy_node with config/default.yaml, or parameter files layered in order.
 
 Launch arguments (``ros2 launch vla_policy_node vla_policy.launch.py --show-args``):
-``config_file``, ``params_files``, ``namespace``, ``lifecycle``, ``autostart``, ``log_level``
-and the overrides ``checkpoint``, ``device``, ``use_sim_time``. The node reads
+``config_file``, ``params_files``, ``namespace``, ``lifecycle``, ``autostart``, ``log_level``,
+``record`` and the overrides ``checkpoint``, ``device``, ``use_sim_time``. The node reads
 ``config_file``, then each of ``params_files`` (comma-separated) in order: a later file's
 value wins, as with repeated ``--params-file``. An override is passed to the node only when
 it is given, so the files' values stand otherwise; an argument this file does not declare is
@@ -14,7 +14,8 @@ Topics are relative and the shipped files are keyed by wildcards, so ``namespace
 the node read ``/arm/joint_states`` with the files' values. For example
 ``ros2 launch vla_policy_node vla_policy.launch.py params_files:=so101.yaml,my_robot.yaml
 checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm``. With ``lifecycle:=true
-autostart:=true`` the launch configures the managed node, then activates it once configured.
+autostart:=true`` the launch configures the managed node, then activates it once configured;
+``record:=true`` records the node's topics with ``vla-policy-record`` (``vla-policy-replay`` reads the bag).
 
 Included from another launch file, give it its own scope so that the parent's launch
 configurations do not count as arguments of this file: ``GroupAction([IncludeLaunchDescription(
@@ -22,6 +23,7 @@ configurations do not count as arguments of this file: ``GroupAction([IncludeLau
 """
 
 import os
+import time
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
@@ -113,8 +115,18 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
         parameters=parameter_files + ([files.file(namespace, PACKAGE, overrides)] if overrides else []))
     node = (LifecycleNode(executable='vla_policy_lifecycle_node', **common) if lifecycle
             else Node(executable='vla_policy_node', **common))
+    record = _parse('record', configurations['record'], bool)
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit)),
-            files.remove_at_shutdown()] + (_autostart(node) if autostart else [])
+            files.remove_at_shutdown()] + (_autostart(node) if autostart else []) + (
+        [_recorder(namespace, parameter_files)] if record else [])
+
+
+def _recorder(namespace: str, parameter_files: list[str]) -> Node:
+    """Return vla-policy-record for the node's topics, writing vla_policy_<time> in the working folder."""
+    bag = time.strftime('vla_policy_%Y%m%d_%H%M%S')
+    return Node(package=PACKAGE, executable='vla-policy-record', name='vla_policy_recorder', namespace=namespace,
+                output='screen',
+                arguments=[bag] + [part for path in parameter_files for part in ('--params-file', path)])
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -138,6 +150,9 @@ def generate_launch_description() -> LaunchDescription:
                               'activate it once configured.'),
         DeclareLaunchArgument('log_level', default_value='info', choices=LOG_LEVELS,
                               description='Severity the node logs from.'),
+        DeclareLaunchArgument('record', default_value='false', choices=['true', 'false'],
+                              description='true: vla-policy-record writes the node\'s inputs, commands and '
+                              '/diagnostics to a rosbag2 bag vla_policy_<time> in the working folder.'),
     ] + [DeclareLaunchArgument(name, default_value='', description=description)
          for name, (description, _) in OVERRIDES.items()]
     declared = tuple(argument.name for argument in arguments)

@@ -9,6 +9,8 @@ make ``ros2 launch`` exit non-zero; ``lifecycle:=true`` starts the managed node.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 import re
@@ -22,7 +24,7 @@ require_launch_tools()
 
 from launch_setup import ament_env, ros2_command  # noqa: E402
 import pytest  # noqa: E402
-from ros_harness import DEFAULT_CONFIG, next_domain_id, ros_env, wait_until  # noqa: E402
+from ros_harness import DEFAULT_CONFIG, installed_executable, next_domain_id, ros_env, wait_until  # noqa: E402
 import yaml  # noqa: E402
 
 from vla_policy_node.ament_registration import EXECUTABLES  # noqa: E402
@@ -128,8 +130,8 @@ def test_lifecycle_argument_starts_the_managed_node(env, tmp_path):
 class Launched:
     """A ``ros2 launch`` run in the background, its output read by a thread (a full pipe would stall the node)."""
 
-    def __init__(self, env: dict[str, str], *arguments: str) -> None:
-        self.process = subprocess.Popen([ros2_command(), *arguments], env=env, stdout=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], *arguments: str, cwd: Path | None = None) -> None:
+        self.process = subprocess.Popen([ros2_command(), *arguments], env=env, cwd=cwd, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
@@ -249,3 +251,41 @@ def test_the_multi_robot_launch_ends_with_the_combined_success_rate(env, tmp_pat
         pytest.fail(f'the launch did not end after its episodes:\n{output}')
     assert launch.returncode == 0, output
     assert re.search(r'combined success rate: [0-2]/2 = \d+% over 2 robots', output), output
+
+
+def test_record_true_writes_a_bag_that_vla_policy_replay_replays(env, tmp_path):
+    """
+    The node drives the simulated arm while the launch records; the bag replays.
+
+    Three episodes: the recorder discovers the arm's publishers some time after the node does, and one episode
+    of the shipped policy can be over in a second.
+    """
+    from vla_policy_node.replay.bag import topic_types
+    from vla_policy_node.replay.cli import main as replay_main
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    demo = DEFAULT_CONFIG.parent / 'demo.yaml'
+    launched = Launched(env, *LAUNCH, 'config_file:=demo.yaml', f'checkpoint:={SHIPPED_CHECKPOINT}', 'record:=true',
+                        cwd=tmp_path)
+    try:
+        launched.wait_for('ready:')
+        launched.wait_for('recording [')
+        robot = subprocess.run([str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',
+                                str(demo), '-p', 'episodes:=3'], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=120)
+    finally:
+        output = launched.stop()
+    assert robot.returncode == 0 and 'success rate: ' in robot.stdout, robot.stdout
+    assert launched.process.returncode == 0, output
+    (bag,) = tmp_path.glob('vla_policy_*')
+    assert (bag / 'metadata.yaml').is_file() and list(bag.glob('*.mcap')), output
+    assert topic_types(bag) == {
+        '/camera/top/image_raw': 'sensor_msgs/msg/Image', '/joint_states': 'sensor_msgs/msg/JointState',
+        '/instruction': 'std_msgs/msg/String', '/diagnostics': 'diagnostic_msgs/msg/DiagnosticArray',
+        '/joint_trajectory_controller/joint_trajectory': 'trajectory_msgs/msg/JointTrajectory'}
+    summary = tmp_path / 'replay.json'
+    code = replay_main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(demo),
+                        '-p', f'checkpoint:={SHIPPED_CHECKPOINT}', '--json', str(summary)])
+    assert code == 0
+    result = json.loads(summary.read_text())
+    assert result['chunks'] > 0 and result['recorded_commands'] > 0, result
+    assert all(joint['points'] > 0 and math.isfinite(joint['mae']) for joint in result['joints'].values()), result

@@ -56,7 +56,7 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
     assert shell.stdout.split('\n')[0] == str(bin_dir / 'vla-policy-replay'), shell.stdout + shell.stderr
     assert 'usage: vla-policy-replay' in shell.stdout, shell.stdout + shell.stderr
     assert sorted(path.name for path in bin_dir.iterdir()) == [
-        'vla-policy-bench', 'vla-policy-replay', 'vla-policy-sim-eval', 'vla-policy-train']
+        'vla-policy-bench', 'vla-policy-record', 'vla-policy-replay', 'vla-policy-sim-eval', 'vla-policy-train']
     # colcon test: a test that starts the node finds the executable colcon installed (its
     # harness looks in the ament index first); the package's own checkout is not importable.
     env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
