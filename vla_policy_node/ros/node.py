@@ -48,6 +48,7 @@ from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.polled_input import PolledSubscription
 from vla_policy_node.ros.process import run_until_signal, StopRequested  # noqa: F401 (re-exported)
 from vla_policy_node.ros.server.client import RemoteInference
+from vla_policy_node.ros.task_action import TaskAction
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
                                      INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
 
@@ -115,6 +116,12 @@ class PolicyWiring:
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
+        self._task = TaskAction(self, self._settings.task_success_topic, self._settings.max_instruction_length,
+                                lambda: self._loop, self._task_refusal, self._now)
+
+    def _task_refusal(self) -> str | None:
+        """Say why a RunInstruction goal cannot start now, or None."""
+        return None if self._loop is not None else 'the node has no control loop yet'
 
     def _load(self) -> None:
         """Load the policy and its inference thread, or the server's client; it starts once a loop is bound."""
@@ -257,6 +264,7 @@ class PolicyWiring:
         subscribers, others, topic, unheard = self._outputs.link(self._other_publishers)
         self._loop.set_command_link(subscribers, others, topic, unheard)
         self._loop.tick(self._now())
+        self._task.on_tick()
 
     def _on_chunk_ready(self) -> None:
         # The executor may have run a due control tick first, which already resumed: a second
@@ -359,7 +367,8 @@ class PolicyWiring:
         return self._worker.alive
 
     def destroy_node(self) -> None:
-        """Destroy the polled joint-state subscription first: it keeps the node's handle in use."""
+        """Destroy the action server and the polled joint-state subscription first: they keep the node's handle."""
+        self._task.destroy()
         if self._joint_states is not None:
             self._joint_states.destroy()
         super().destroy_node()
@@ -372,6 +381,7 @@ class PolicyWiring:
         the inference thread has finished.
         """
         self._control_timer.cancel()
+        self._task.abort('the node stopped: holding')
         held = self._loop.stop(self._now())
         if held:
             self._outputs.wait_for_all_acked(1.0)

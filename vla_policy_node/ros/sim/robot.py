@@ -10,6 +10,9 @@ for each it places new blocks (the arm stays where it is), publishes the instruc
 (reliable, transient local), calls the node's ``~/reset_episode`` and counts control
 ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
 per episode and the success rate, and saves the first episode as a GIF and a PNG strip.
+While the tip touches the named block it publishes ``task_success`` (std_msgs/Empty, the
+success signal of a RunInstruction goal); with ``goal_driven`` it sets out one layout, prints
+its task and publishes no instruction: a RunInstruction goal gives it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray, String
+from std_msgs.msg import Empty, Float64MultiArray, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -72,6 +75,8 @@ class SimRobot(Node):
         self._record = declare('record_prefix', '').value
         seed = declare('seed', 0).value
         self.duration = declare('duration', 0.0).value
+        # true: one layout and no instruction of its own; a RunInstruction goal gives the task.
+        self._goal_driven = declare('goal_driven', False).value
         self._env = TouchEnv(dt=1.0 / control_rate, max_steps=self._max_steps, joint_names=tuple(self._joints))
         self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
         self._rng = np.random.default_rng(seed)
@@ -92,6 +97,7 @@ class SimRobot(Node):
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
         self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
+        self._success_pub = self.create_publisher(Empty, 'task_success', COMMAND_QOS)
         self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
         if interface == 'joint_trajectory':
             self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
@@ -184,6 +190,10 @@ class SimRobot(Node):
             return
         if self._phase != 'running':
             return
+        if self._env.is_touching():         # the success signal, for a RunInstruction goal
+            self._success_pub.publish(Empty())
+        if self._goal_driven:
+            return
         steps = int((time.monotonic() - self._episode_start) / self._env.dt)
         if self._success or steps >= self._max_steps:
             self._finish_episode(min(steps, self._max_steps))
@@ -192,6 +202,10 @@ class SimRobot(Node):
         self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
         self._follower.clear()
         self._on_camera_tick()                           # the new layout before the new task
+        if self._goal_driven:
+            print(f'task: {self._env.scene.instruction!r} (send it as a RunInstruction goal)', flush=True)
+            self._phase = 'running'
+            return
         sent = self._instruction_override or self._env.scene.instruction
         self._instruction_pub.publish(String(data=sent))
         self._reset.call_async(Trigger.Request())
