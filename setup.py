@@ -4,8 +4,11 @@
 from glob import glob
 from pathlib import Path
 import runpy
+import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.develop import develop
+from setuptools.command.install_scripts import install_scripts
 
 # The executables, as the ament registration of a source checkout writes them too. Read by
 # path: colcon runs this file where the package itself is not importable.
@@ -13,6 +16,36 @@ REGISTRATION = runpy.run_path(
     str(Path(__file__).resolve().parent / 'vla_policy_node' / 'ament_registration.py'))
 PACKAGE = REGISTRATION['PACKAGE']
 EXECUTABLES = REGISTRATION['EXECUTABLES']
+# The user's commands: in lib/vla_policy_node with every script (setup.cfg), and copied to bin/.
+COMMANDS = REGISTRATION['COMMANDS']
+
+
+def copy_commands_to_bin(script_dir: str) -> list[str]:
+    """Copy the user's commands from ``<prefix>/lib/vla_policy_node`` to ``<prefix>/bin``; return the copies."""
+    lib = Path(script_dir)
+    if lib.parts[-2:] != ('lib', PACKAGE):      # a wheel or a plain venv: the scripts are in bin already
+        return []
+    (lib.parent.parent / 'bin').mkdir(parents=True, exist_ok=True)
+    return [str(shutil.copy2(lib / name, lib.parent.parent / 'bin' / name)) for name in COMMANDS]
+
+
+class InstallScripts(install_scripts):
+    """colcon build: the user's commands in ``bin`` too, which the workspace's setup puts on PATH."""
+
+    def run(self) -> None:
+        """Install the scripts, then copy the user's commands to bin (listed in the install record)."""
+        super().run()
+        self.outfiles += copy_commands_to_bin(self.install_dir)
+
+
+class Develop(develop):
+    """colcon build --symlink-install: the user's commands in ``bin`` too."""
+
+    def run(self) -> None:
+        """Install in development mode, then copy the user's commands to bin."""
+        super().run()
+        copy_commands_to_bin(self.script_dir)
+
 
 setup(
     name=PACKAGE,
@@ -40,11 +73,8 @@ setup(
     extras_require={'test': ['pytest']},     # colcon test runs pytest (tests_require is gone)
     entry_points={
         'console_scripts': [
-            *(f'{name} = {entry}' for name, entry in EXECUTABLES.items()),
-            'vla-policy-bench = vla_policy_node.bench.cli:main',
-            'vla-policy-replay = vla_policy_node.replay.cli:main',
-            'vla-policy-train = vla_policy_node.train.cli:main',
-            'vla-policy-sim-eval = vla_policy_node.ros.sim.evaluation:main',
+            *(f'{name} = {entry}' for name, entry in {**EXECUTABLES, **COMMANDS}.items()),
         ],
     },
+    cmdclass={'install_scripts': InstallScripts, 'develop': Develop},
 )

@@ -9,11 +9,13 @@ sends its chunk requests to the one server, which serves the shipped table-top p
 device (the server's), batch_window (seconds), horizon (actions per chunk used by the robots,
 at most the policy's chunk size, which is the default), episodes (per arm; 0: until Ctrl-C). For example::
 
-    ros2 launch vla_policy_node multi_robot.launch.py robots:=4 device:=cuda
+    ros2 launch vla_policy_node multi_robot.launch.py robots:=4 device:=cuda episodes:=5
 
-demo.yaml's settings are keyed by node name, so they are read here and given to each node of
-every namespace. The simulated arm publishes ``/joint_states``; it is remapped into the robot's
-namespace. When the server exits (a checkpoint that does not load), the launch shuts down.
+demo.yaml's sections are keyed ``/**/<node name>``, so every namespace's nodes read the file. The
+simulated arm publishes ``/joint_states``; it is remapped into the robot's namespace. With
+episodes, the launch ends once every arm has printed its success rate, after the combined one
+(``combined success rate: 7/10 = 70% over 2 robots``). When the server exits (a checkpoint that
+does not load) or an arm fails, the launch shuts down.
 """
 
 import json
@@ -21,23 +23,22 @@ import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventHandler, Shutdown
-from launch.event_handlers import OnProcessExit
+from launch.actions import DeclareLaunchArgument, LogInfo, OpaqueFunction, RegisterEventHandler, Shutdown
+from launch.event_handlers import OnProcessExit, OnProcessIO
+from launch.events.process import ProcessExited
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 import yaml
 
 from vla_policy_node.ros.launch_parameters import LaunchParameters
+from vla_policy_node.ros.sim.robot import parse_success_rate, success_rate
 from vla_policy_node.sim import SHIPPED_CHECKPOINT
 
 
-def config_files() -> tuple[str, dict, dict]:
-    """Return default.yaml's path and demo.yaml's parameters of the policy node and of the arm."""
+def config_files() -> tuple[str, str]:
+    """Return the paths of default.yaml and demo.yaml."""
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
-    with open(os.path.join(config, 'demo.yaml')) as f:
-        demo = yaml.safe_load(f)
-    return (os.path.join(config, 'default.yaml'), demo['/vla_policy_node']['ros__parameters'],
-            demo['/vla_policy_sim_robot']['ros__parameters'])
+    return os.path.join(config, 'default.yaml'), os.path.join(config, 'demo.yaml')
 
 
 def shipped_chunk_size() -> int:
@@ -46,33 +47,69 @@ def shipped_chunk_size() -> int:
         return int(json.load(f)['chunk_size'])
 
 
+class Tally:
+    """The arms' success rates as they print them; the launch ends with the last one."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.rates: dict[str, tuple[int, int]] = {}
+
+    def on_output(self, namespace: str, text: str) -> list:
+        """Keep the arm's success rate; return the combined one and a shutdown once every arm gave its own."""
+        rate = parse_success_rate(text)
+        if rate is None or namespace in self.rates:
+            return []
+        self.rates[namespace] = rate
+        if len(self.rates) < self.count:
+            return []
+        wins, done = (sum(column) for column in zip(*self.rates.values()))
+        return [LogInfo(msg=f'combined {success_rate(wins, done)} over {self.count} robots'),
+                Shutdown(reason='every simulated arm finished its episodes')]
+
+    def on_exit(self, namespace: str, event: ProcessExited) -> list:
+        """Shut the launch down with an error when an arm fails."""
+        if event.returncode == 0:
+            return []
+        return [LogInfo(msg=f'the simulated arm of {namespace} exited with code {event.returncode}'),
+                Shutdown(reason=f'the simulated arm of {namespace} failed')]
+
+
 def robots(context: LaunchContext, files: LaunchParameters) -> list:
     """Return a simulated arm and a remote-inference policy node per robot namespace."""
     count = int(LaunchConfiguration('robots').perform(context))
     episodes = int(LaunchConfiguration('episodes').perform(context))
-    default, node_params, arm_params = config_files()
+    default, demo = config_files()
     horizon = int(LaunchConfiguration('horizon').perform(context))
-    nodes = []
+    tally = Tally(count)
+    entities = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
-        nodes.append(Node(package='vla_policy_node', executable='vla_policy_sim_robot',
-                          name='vla_policy_sim_robot', namespace=namespace, output='screen',
-                          parameters=[files.file(namespace, 'vla_policy_sim_robot', {
-                              **arm_params, 'policy_node': f'/{namespace}/vla_policy_node',
-                              'episodes': episodes, 'seed': index})],
-                          remappings=[('/joint_states', 'joint_states')]))
-        nodes.append(Node(
+        arm = Node(package='vla_policy_node', executable='vla_policy_sim_robot',
+                   name='vla_policy_sim_robot', namespace=namespace, output='screen',
+                   parameters=[demo, files.file(namespace, 'vla_policy_sim_robot', {
+                       'policy_node': f'/{namespace}/vla_policy_node', 'episodes': episodes, 'seed': index})],
+                   remappings=[('/joint_states', 'joint_states')])
+        entities.append(arm)
+        if episodes > 0:
+            entities += [
+                RegisterEventHandler(OnProcessIO(target_action=arm, on_stdout=lambda event, name=namespace:
+                                                 tally.on_output(name, event.text.decode(errors='replace')))),
+                RegisterEventHandler(OnProcessExit(target_action=arm, on_exit=lambda event, _, name=namespace:
+                                                   tally.on_exit(name, event)))]
+        entities.append(Node(
             package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
             namespace=namespace, output='screen', emulate_tty=True,
-            parameters=[default, files.file(namespace, 'vla_policy_node', {
-                **node_params, 'inference': 'remote', 'remote.server': '/vla_policy_server',
+            parameters=[default, demo, files.file(namespace, 'vla_policy_node', {
+                'inference': 'remote', 'remote.server': '/vla_policy_server',
                 'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
-    return nodes
+    return entities
 
 
 def server(context: LaunchContext, files: LaunchParameters) -> list:
     """Return the policy server, which shuts the launch down when it exits."""
-    default, node_params, _ = config_files()
+    default, demo = config_files()
+    with open(demo) as f:            # the policy node's section, for the server's node name
+        node_params = yaml.safe_load(f)['/**/vla_policy_node']['ros__parameters']
     node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
                 output='screen', emulate_tty=True,
                 parameters=[default, files.file('', 'vla_policy_server', {
@@ -96,7 +133,8 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument('horizon', default_value=str(shipped_chunk_size()),
                               description="Actions each robot uses per chunk (at most the policy's chunk size)."),
         DeclareLaunchArgument('episodes', default_value='0',
-                              description='Episodes per simulated arm; 0: until Ctrl-C.'),
+                              description='Episodes per simulated arm, then the launch ends with the combined '
+                              'success rate; 0: until Ctrl-C.'),
         OpaqueFunction(function=server, args=[files]),
         OpaqueFunction(function=robots, args=[files]),
         files.remove_at_shutdown(),

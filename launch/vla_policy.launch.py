@@ -1,16 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-Start vla_policy_node with config/default.yaml (or another parameter file).
+Start vla_policy_node with config/default.yaml, or parameter files layered in order.
 
 Launch arguments (``ros2 launch vla_policy_node vla_policy.launch.py --show-args``):
-``config_file``, ``namespace``, ``lifecycle`` and the overrides ``checkpoint``, ``device``,
-``use_sim_time``. An override is passed to the node only when it is given, so the config
-file's values stand otherwise; an argument this file does not declare is an error (a typo
-such as ``checkpont:=`` must not start the node without its checkpoint). The launch shuts
-down when the node exits, and ``ros2 launch`` exits non-zero when the node failed. Topics are
-relative: ``namespace:=arm`` makes the node read ``/arm/joint_states``. For example
-``ros2 launch vla_policy_node vla_policy.launch.py config_file:=my_robot.yaml
-checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm``.
+``config_file``, ``params_files``, ``namespace``, ``lifecycle``, ``autostart``, ``log_level``,
+``record`` and the overrides ``checkpoint``, ``device``, ``use_sim_time``. The node reads
+``config_file``, then each of ``params_files`` (comma-separated) in order: a later file's
+value wins, as with repeated ``--params-file``. An override is passed to the node only when
+it is given, so the files' values stand otherwise; an argument this file does not declare is
+an error (a typo such as ``checkpont:=`` must not start the node without its checkpoint). The
+launch shuts down when the node exits, and ``ros2 launch`` exits non-zero when the node failed.
+Topics are relative and the shipped files are keyed by wildcards, so ``namespace:=arm`` makes
+the node read ``/arm/joint_states`` with the files' values. For example
+``ros2 launch vla_policy_node vla_policy.launch.py params_files:=so101.yaml,my_robot.yaml
+checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm``. With ``lifecycle:=true
+autostart:=true`` the launch configures the managed node, then activates it once configured;
+``record:=true`` records the node's topics with ``vla-policy-record`` (``vla-policy-replay`` reads the bag).
 
 Included from another launch file, give it its own scope so that the parent's launch
 configurations do not count as arguments of this file: ``GroupAction([IncludeLaunchDescription(
@@ -18,13 +23,18 @@ configurations do not count as arguments of this file: ``GroupAction([IncludeLau
 """
 
 import os
+import time
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventHandler, Shutdown
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler, Shutdown
 from launch.event_handlers import OnProcessExit
+from launch.events import matches_action
 from launch.events.process import ProcessExited
 from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
+from lifecycle_msgs.msg import Transition
 
 from vla_policy_node.ros.launch_parameters import LaunchParameters
 
@@ -38,6 +48,7 @@ OVERRIDES = {
                      bool),
 }
 BOOLEANS = {'true': True, 'false': False}
+LOG_LEVELS = ['debug', 'info', 'warn', 'error', 'fatal']
 
 
 def _parse(name: str, text: str, kind: type) -> object:
@@ -46,6 +57,20 @@ def _parse(name: str, text: str, kind: type) -> object:
             raise ValueError(f"launch argument {name}:={text} must be true or false")
         return BOOLEANS[text.lower()]
     return text
+
+
+def _parameter_files(configurations: dict[str, str]) -> list[str]:
+    """Return config_file then params_files, in order; a name without a folder is a shipped config file."""
+    shipped = os.path.join(get_package_share_directory(PACKAGE), 'config')
+    names = [configurations['config_file']] + [
+        name.strip() for name in configurations['params_files'].split(',') if name.strip()]
+    files = []
+    for argument, name in zip(['config_file'] + ['params_files'] * (len(names) - 1), names):
+        path = name if os.path.dirname(name) or os.path.isfile(name) else os.path.join(shipped, name)
+        if not os.path.isfile(path):        # launch_ros would drop it with a warning
+            raise ValueError(f'{argument} {name!r} is not a file')
+        files.append(path)
+    return files
 
 
 def _on_node_exit(event: ProcessExited, context: LaunchContext) -> list:
@@ -57,6 +82,16 @@ def _on_node_exit(event: ProcessExited, context: LaunchContext) -> list:
     return [Shutdown(reason=f'{event.action.name} exited')]
 
 
+def _autostart(node: LifecycleNode) -> list:
+    """Return the actions that configure the node at once and activate it when it is configured."""
+    def change(transition: int) -> EmitEvent:
+        return EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node), transition_id=transition))
+    return [RegisterEventHandler(OnStateTransition(target_lifecycle_node=node, start_state='configuring',
+                                                   goal_state='inactive',
+                                                   entities=[change(Transition.TRANSITION_ACTIVATE)])),
+            change(Transition.TRANSITION_CONFIGURE)]
+
+
 def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     configurations = context.launch_configurations
     unknown = sorted(set(configurations) - set(declared))
@@ -64,21 +99,34 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
         raise ValueError(
             f'unknown launch arguments {unknown}; this file takes {sorted(declared)} '
             '(ros2 launch vla_policy_node vla_policy.launch.py --show-args)')
-    config_file = configurations['config_file']
-    if not os.path.isfile(config_file):        # launch_ros would drop it with a warning
-        raise ValueError(f'config_file {config_file!r} is not a file')
+    parameter_files = _parameter_files(configurations)
     overrides = {name: _parse(name, configurations[name], kind)
                  for name, (_, kind) in OVERRIDES.items() if configurations.get(name, '') != ''}
     lifecycle = _parse('lifecycle', configurations['lifecycle'], bool)
+    autostart = _parse('autostart', configurations['autostart'], bool)
+    if autostart and not lifecycle:
+        raise ValueError('autostart:=true drives the lifecycle node: give lifecycle:=true too '
+                         '(the plain node commands as soon as it is up)')
     files = LaunchParameters()      # not launch_ros's dicts: they stay in the temp folder
     namespace = configurations['namespace']
     common = dict(
         package=PACKAGE, name=PACKAGE, namespace=namespace, output='screen', emulate_tty=True,
-        parameters=[config_file] + ([files.file(namespace, PACKAGE, overrides)] if overrides else []))
+        ros_arguments=['--log-level', configurations['log_level']],
+        parameters=parameter_files + ([files.file(namespace, PACKAGE, overrides)] if overrides else []))
     node = (LifecycleNode(executable='vla_policy_lifecycle_node', **common) if lifecycle
             else Node(executable='vla_policy_node', **common))
+    record = _parse('record', configurations['record'], bool)
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit)),
-            files.remove_at_shutdown()]
+            files.remove_at_shutdown()] + (_autostart(node) if autostart else []) + (
+        [_recorder(namespace, parameter_files)] if record else [])
+
+
+def _recorder(namespace: str, parameter_files: list[str]) -> Node:
+    """Return vla-policy-record for the node's topics, writing vla_policy_<time> in the working folder."""
+    bag = time.strftime('vla_policy_%Y%m%d_%H%M%S')
+    return Node(package=PACKAGE, executable='vla-policy-record', name='vla_policy_recorder', namespace=namespace,
+                output='screen',
+                arguments=[bag] + [part for path in parameter_files for part in ('--params-file', path)])
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -86,13 +134,25 @@ def generate_launch_description() -> LaunchDescription:
     default_config = os.path.join(get_package_share_directory(PACKAGE), 'config', 'default.yaml')
     arguments = [
         DeclareLaunchArgument('config_file', default_value=default_config,
-                              description='Parameter file of the node.'),
+                              description='First parameter file of the node (a bare name: one of '
+                              'share/vla_policy_node/config).'),
+        DeclareLaunchArgument('params_files', default_value='',
+                              description='More parameter files, comma-separated, read after config_file '
+                              'in order: a later file\'s value wins (a bare name: a shipped one, e.g. so101.yaml).'),
         DeclareLaunchArgument('namespace', default_value='',
                               description='Namespace of the node and its (relative) topics.'),
         DeclareLaunchArgument('lifecycle', default_value='false', choices=['true', 'false'],
                               description='true: a managed lifecycle node (configure loads the '
                               'policy, activate commands), driven by ros2 lifecycle set or a '
                               'lifecycle manager.'),
+        DeclareLaunchArgument('autostart', default_value='false', choices=['true', 'false'],
+                              description='With lifecycle:=true: configure the node at start and '
+                              'activate it once configured.'),
+        DeclareLaunchArgument('log_level', default_value='info', choices=LOG_LEVELS,
+                              description='Severity the node logs from.'),
+        DeclareLaunchArgument('record', default_value='false', choices=['true', 'false'],
+                              description='true: vla-policy-record writes the node\'s inputs, commands and '
+                              '/diagnostics to a rosbag2 bag vla_policy_<time> in the working folder.'),
     ] + [DeclareLaunchArgument(name, default_value='', description=description)
          for name, (description, _) in OVERRIDES.items()]
     declared = tuple(argument.name for argument in arguments)

@@ -25,6 +25,15 @@ EXECUTABLES = {
     'vla_policy_server': f'{PACKAGE}.ros.entry:server_main',
     'vla_policy_sim_robot': f'{PACKAGE}.ros.sim.robot:main',
 }
+# The user's commands (module:function), also in lib/<pkg> for ros2 run and launch files; setup.py
+# copies them to bin/ too, which a workspace's setup puts on PATH (lib/<pkg> is not).
+COMMANDS = {
+    'vla-policy-bench': f'{PACKAGE}.bench.cli:main',
+    'vla-policy-record': f'{PACKAGE}.replay.record:main',
+    'vla-policy-replay': f'{PACKAGE}.replay.cli:main',
+    'vla-policy-train': f'{PACKAGE}.train.cli:main',
+    'vla-policy-sim-eval': f'{PACKAGE}.ros.sim.evaluation:main',
+}
 INDEX_MARKER = Path('share', 'ament_index', 'resource_index', 'packages', PACKAGE)
 SHARED = ('launch', 'config', 'package.xml')
 SCRIPT = '''#!{python}
@@ -70,7 +79,7 @@ def register(prefix: Path, source: Path, python: Path) -> None:
             link.symlink_to(file.resolve())
     lib = prefix / 'lib' / PACKAGE
     lib.mkdir(parents=True, exist_ok=True)
-    for name, entry in EXECUTABLES.items():
+    for name, entry in {**EXECUTABLES, **COMMANDS}.items():
         module, function = entry.split(':')
         script = lib / name
         script.write_text(SCRIPT.format(python=python, module=module, function=function))

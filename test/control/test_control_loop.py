@@ -924,3 +924,24 @@ def test_limits_loosened_back_within_the_envelope_are_a_logged_safety_event():
                  'max_observation_age (0.3 -> 0.5)'):
         assert part in event[1], event[1]
     assert rig.loop.status(rig.now, 1.0).counters['limits_loosened'] == 1
+
+
+def test_end_task_holds_at_once_and_until_a_new_instruction():
+    """A cancelled goal: one hold through the gate at once, no command until the next task, which starts fresh."""
+    rig = Rig()
+    for _ in range(6):
+        rig.step([0.0, 0.0, 0.0], chunk=ramp(0.3, 0.3))
+    commanded, resets = len(rig.sent), rig.loop.status(rig.now, 1.0).counters['episode_resets']
+    rig.loop.end_task(rig.now, 'cancelled')
+    assert len(rig.sent) == commanded + 1 and rig.sent[-1][1] is None, 'one hold, sent at once'
+    np.testing.assert_allclose(rig.sent[-1][0][0], rig.sent[-2][0][0])
+    assert rig.loop.hold_reason == 'task ended: cancelled'
+    assert rig.loop.status(rig.now, 1.0).counters['episode_resets'] == resets + 1
+    for _ in range(4):
+        rig.step([0.3, 0.3, 0.3], chunk=ramp(0.6, 0.6))
+    assert len(rig.sent) == commanded + 1, 'commanded without a task'
+    assert rig.loop.hold_reason.startswith('instruction: no task (cancelled): waiting for an instruction')
+    rig.loop.on_instruction('pick up the cube')          # the same text is a new task now
+    for _ in range(4):
+        rig.step([0.3, 0.3, 0.3], chunk=ramp(0.4, 0.4))
+    assert rig.loop.hold_reason is None and len(rig.sent) > commanded + 1

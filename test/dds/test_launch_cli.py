@@ -9,10 +9,14 @@ make ``ros2 launch`` exit non-zero; ``lifecycle:=true`` starts the managed node.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
+import re
 import signal
 import subprocess
+import threading
 
 from launch_setup import require_launch_tools
 
@@ -20,7 +24,7 @@ require_launch_tools()
 
 from launch_setup import ament_env, ros2_command  # noqa: E402
 import pytest  # noqa: E402
-from ros_harness import DEFAULT_CONFIG, next_domain_id, ros_env  # noqa: E402
+from ros_harness import DEFAULT_CONFIG, installed_executable, next_domain_id, ros_env, wait_until  # noqa: E402
 import yaml  # noqa: E402
 
 from vla_policy_node.ament_registration import EXECUTABLES  # noqa: E402
@@ -54,7 +58,8 @@ def test_the_registered_prefix_serves_ros2_pkg(env):
 
 def test_show_args_lists_every_argument(env):
     out = ros2(env, *LAUNCH, '--show-args').stdout
-    for name in ('config_file', 'namespace', 'lifecycle', 'checkpoint', 'device', 'use_sim_time'):
+    for name in ('config_file', 'params_files', 'namespace', 'lifecycle', 'autostart', 'log_level',
+                 'checkpoint', 'device', 'use_sim_time'):
         assert f"'{name}'" in out, out
 
 
@@ -68,6 +73,17 @@ def test_an_undeclared_argument_is_an_error(env):
 def test_a_boolean_argument_must_be_true_or_false(env):
     result = ros2(env, *LAUNCH, 'use_sim_time:=maybe')
     assert result.returncode != 0 and 'must be true or false' in result.stdout, result.stdout
+
+
+def test_autostart_needs_the_lifecycle_node(env):
+    result = ros2(env, *LAUNCH, 'autostart:=true')
+    assert result.returncode != 0 and 'give lifecycle:=true too' in result.stdout, result.stdout
+    assert 'process started' not in result.stdout
+
+
+def test_a_parameter_file_that_is_not_there_is_named(env):
+    result = ros2(env, *LAUNCH, 'params_files:=demo.yaml,nope.yaml')
+    assert result.returncode != 0 and "params_files 'nope.yaml' is not a file" in result.stdout, result.stdout
 
 
 def test_a_node_that_fails_at_start_fails_the_launch(env, tmp_path):
@@ -111,6 +127,75 @@ def test_lifecycle_argument_starts_the_managed_node(env, tmp_path):
     assert process.returncode == 0, ''.join(lines) + out
 
 
+class Launched:
+    """A ``ros2 launch`` run in the background, its output read by a thread (a full pipe would stall the node)."""
+
+    def __init__(self, env: dict[str, str], *arguments: str, cwd: Path | None = None) -> None:
+        self.process = subprocess.Popen([ros2_command(), *arguments], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    def wait_for(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until a line holds ``text``; fail with the output if the launch ends first or it does not come."""
+        if not wait_until(lambda: any(text in line for line in self.lines) or not self.reader.is_alive(), timeout):
+            pytest.fail(f'no {text!r} within {timeout} s:\n' + ''.join(self.lines))
+        if not any(text in line for line in self.lines):
+            pytest.fail(f'the launch ended before {text!r}:\n' + ''.join(self.lines))
+
+    def stop(self) -> str:
+        """Stop the launch with SIGINT, as Ctrl-C; return the whole output."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.reader.join(timeout=10)
+        return ''.join(self.lines)
+
+
+def test_layered_files_follow_the_namespace_at_the_log_level(env, tmp_path):
+    """The issue's ``config_file:=demo.yaml namespace:=arm``, with a later file over it and debug logging."""
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    mine = tmp_path / 'mine.yaml'
+    mine.write_text(yaml.safe_dump({'/**': {'ros__parameters': {'control_rate_hz': 25.0, 'num_threads': 2}}}))
+    launched = Launched(env, *LAUNCH, 'config_file:=demo.yaml', f'params_files:={mine}', 'namespace:=arm',
+                        f'checkpoint:={SHIPPED_CHECKPOINT}', 'log_level:=debug')
+    try:
+        launched.wait_for('ready:')
+        values = {name: ros2(env, 'param', 'get', '--no-daemon', '--spin-time', '5', '--hide-type',
+                             '/arm/vla_policy_node', name).stdout.strip()
+                  for name in ('camera_names', 'joint_names', 'control_rate_hz', 'num_threads')}
+        info = ros2(env, 'node', 'info', '--no-daemon', '--spin-time', '5', '/arm/vla_policy_node').stdout
+        nodes = ros2(env, 'node', 'list', '--no-daemon', '--spin-time', '5').stdout.split()
+    finally:
+        output = launched.stop()
+    # The joint states are polled, not spun, but the subscription is the node's own (issue 33, item 6).
+    subscribers = info.split('Subscribers:')[1].split('Publishers:')[0]
+    assert '/arm/joint_states: sensor_msgs/msg/JointState' in subscribers, info
+    assert nodes == ['/arm/vla_policy_node'], nodes
+    assert values == {'camera_names': "['top']", 'joint_names': "['shoulder', 'elbow', 'wrist']",
+                      'control_rate_hz': '25.0', 'num_threads': '2'}, output
+    assert '[DEBUG]' in output, 'log_level:=debug did not reach the node'
+    assert launched.process.returncode == 0, output
+
+
+def test_autostart_configures_and_activates_the_lifecycle_node(env):
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    launched = Launched(env, *LAUNCH, 'lifecycle:=true', 'autostart:=true', 'namespace:=auto',
+                        'params_files:=demo.yaml', f'checkpoint:={SHIPPED_CHECKPOINT}', 'log_level:=info')
+    try:
+        launched.wait_for('active: commanding')
+        state = ros2(env, 'lifecycle', 'get', '--no-daemon', '--spin-time', '5', '/auto/vla_policy_node')
+    finally:
+        output = launched.stop()
+    assert state.stdout.startswith('active'), state.stdout + output
+    assert launched.process.returncode == 0, output
+
+
 PARENT = '''
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
@@ -151,3 +236,56 @@ def test_the_sim_demo_launch_ends_with_its_episodes(env, tmp_path):
         pytest.fail(f'the launch did not end after its episode:\n{output}')
     assert launch.returncode == 0, output
     assert 'success rate: 1/1' in output, output
+
+
+def test_the_multi_robot_launch_ends_with_the_combined_success_rate(env, tmp_path):
+    launch = subprocess.Popen([ros2_command(), 'launch', 'vla_policy_node', 'multi_robot.launch.py', 'robots:=2',
+                               'episodes:=1', 'device:=cpu'],
+                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        output, _ = launch.communicate(timeout=240.0)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)        # the launch and its five processes
+        output, _ = launch.communicate()
+        pytest.fail(f'the launch did not end after its episodes:\n{output}')
+    assert launch.returncode == 0, output
+    assert re.search(r'combined success rate: [0-2]/2 = \d+% over 2 robots', output), output
+
+
+def test_record_true_writes_a_bag_that_vla_policy_replay_replays(env, tmp_path):
+    """
+    The node drives the simulated arm while the launch records; the bag replays.
+
+    Three episodes: the recorder discovers the arm's publishers some time after the node does, and one episode
+    of the shipped policy can be over in a second.
+    """
+    from vla_policy_node.replay.bag import topic_types
+    from vla_policy_node.replay.cli import main as replay_main
+    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    demo = DEFAULT_CONFIG.parent / 'demo.yaml'
+    launched = Launched(env, *LAUNCH, 'config_file:=demo.yaml', f'checkpoint:={SHIPPED_CHECKPOINT}', 'record:=true',
+                        cwd=tmp_path)
+    try:
+        launched.wait_for('ready:')
+        launched.wait_for('recording [')
+        robot = subprocess.run([str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',
+                                str(demo), '-p', 'episodes:=3'], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=120)
+    finally:
+        output = launched.stop()
+    assert robot.returncode == 0 and 'success rate: ' in robot.stdout, robot.stdout
+    assert launched.process.returncode == 0, output
+    (bag,) = tmp_path.glob('vla_policy_*')
+    assert (bag / 'metadata.yaml').is_file() and list(bag.glob('*.mcap')), output
+    assert topic_types(bag) == {
+        '/camera/top/image_raw': 'sensor_msgs/msg/Image', '/joint_states': 'sensor_msgs/msg/JointState',
+        '/instruction': 'std_msgs/msg/String', '/diagnostics': 'diagnostic_msgs/msg/DiagnosticArray',
+        '/joint_trajectory_controller/joint_trajectory': 'trajectory_msgs/msg/JointTrajectory'}
+    summary = tmp_path / 'replay.json'
+    code = replay_main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(demo),
+                        '-p', f'checkpoint:={SHIPPED_CHECKPOINT}', '--json', str(summary)])
+    assert code == 0
+    result = json.loads(summary.read_text())
+    assert result['chunks'] > 0 and result['recorded_commands'] > 0, result
+    assert all(joint['points'] > 0 and math.isfinite(joint['mae']) for joint in result['joints'].values()), result

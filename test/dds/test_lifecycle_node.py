@@ -92,6 +92,30 @@ def test_configure_loads_and_warms_up_but_commands_nothing(system):
     assert not reply.success and reply.message == 'not active: activating starts from the measured joint state'
 
 
+def test_a_goal_is_refused_until_active_and_leaving_active_ends_it_faulted(system):
+    """The RunInstruction action of the lifecycle node: a task only while active."""
+    from rclpy.action import ActionClient
+    from vla_policy_interfaces.action import RunInstruction
+    client = ActionClient(system.robot.node, RunInstruction, f'{NAMESPACE}/vla_policy_node/run_instruction')
+    assert client.wait_for_server(timeout_sec=30.0)
+
+    def send():
+        future = client.send_goal_async(RunInstruction.Goal(instruction='pick up the cube'))
+        assert wait_until(future.done, 10.0)
+        return future.result()
+    assert not send().accepted, 'a goal was taken while inactive'
+    assert system.robot.transition('activate')
+    handle = send()
+    assert handle.accepted and system.commands_flow(), system.node.output
+    result = handle.get_result_async()
+    assert system.robot.transition('deactivate')
+    assert wait_until(result.done, 10.0)
+    assert result.result().result.outcome == RunInstruction.Result.FAULTED
+    assert result.result().result.reason == 'the lifecycle node left active: holding'
+    assert system.quiet()
+    client.destroy()
+
+
 def test_activate_waits_for_an_instruction_published_after_it(system):
     assert system.robot.transition('activate')
     assert system.robot.lifecycle_state() == 'active'

@@ -48,17 +48,17 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     servers = [e for e in started if getattr(e, 'node_executable', None) == 'vla_policy_server']
     assert len(servers) == 1
     context.launch_configurations['robots'] = '3'
-    nodes = module.robots(context, files)
+    nodes = [e for e in module.robots(context, files) if hasattr(e, 'node_executable')]
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
+    default, demo = (str(ROOT / 'config' / name) for name in ('default.yaml', 'demo.yaml'))
     for node in nodes[1::2]:
         before, values = given(node)
-        assert before == [str(ROOT / 'config' / 'default.yaml')]
-        assert values['inference'] == 'remote' and values['remote.server'] == '/vla_policy_server'
-        assert values['chunking.horizon'] == module.shipped_chunk_size()
-        assert values['joint_states_topic'] == 'joint_states'
-        assert values['camera_names'] == ['top'] and len(values['joint_names']) == 3   # demo.yaml's, per namespace
+        assert before == [default, demo]            # demo.yaml's /**/vla_policy_node section, per namespace
+        assert values == {'inference': 'remote', 'remote.server': '/vla_policy_server',
+                          'chunking.horizon': module.shipped_chunk_size(), 'joint_states_topic': 'joint_states'}
     for index, arm in enumerate(nodes[0::2], start=1):
-        assert given(arm)[1]['policy_node'] == f'/robot{index}/vla_policy_node'
+        before, values = given(arm)
+        assert before == [demo] and values['policy_node'] == f'/robot{index}/vla_policy_node'
     from vla_policy_node.sim import SHIPPED_CHECKPOINT
     _, server = given(servers[0])
     assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.0
@@ -89,3 +89,16 @@ def test_the_server_settings_carry_everything_the_policy_loader_reads():
     from vla_policy_node.ros.server.node import ServerSettings
     read = set(re.findall(r'settings\.(\w+)', Path(policy_loader.__file__).read_text()))
     assert read - set(ServerSettings.__dataclass_fields__) == set()
+
+
+def test_the_tally_ends_the_launch_with_the_combined_success_rate_once_every_arm_gave_its_own():
+    module, _ = load()
+    tally = module.Tally(2)
+    assert tally.on_output('robot1', 'episode   1/2: ... SUCCESS\n') == []
+    assert tally.on_output('robot1', 'success rate: 2/2 = 100% (through vla_policy_node over DDS)\n') == []
+    log, shutdown = tally.on_output('robot2', 'success rate: 1/2 = 50% (through vla_policy_node over DDS)\n')
+    assert [part.text for part in log.msg] == ['combined success rate: 3/4 = 75% over 2 robots']
+    assert type(shutdown).__name__ == 'Shutdown'
+    failed = mock.Mock(returncode=1)
+    assert tally.on_exit('robot1', mock.Mock(returncode=0)) == []
+    assert type(tally.on_exit('robot2', failed)[-1]).__name__ == 'Shutdown'

@@ -24,7 +24,7 @@ def polled_topic(arguments: list[str], topic: str = SPECS['joint_states_topic'].
     try:
         owner = Node('vla_policy_node', context=context, cli_args=['--ros-args', *arguments],
                      start_parameter_services=False, enable_rosout=False)
-        polled = PolledSubscription(owner, JointState, topic, JOINT_STATES_QOS, 'joint_states')
+        polled = PolledSubscription(owner, JointState, topic, JOINT_STATES_QOS)
         name = polled.topic_name
         polled.destroy()
         owner.destroy_node()

@@ -14,11 +14,12 @@ from pathlib import Path
 import launch_setup
 import pytest
 
-from vla_policy_node.ament_registration import EXECUTABLES
+from vla_policy_node.ament_registration import COMMANDS, EXECUTABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / 'launch' / 'vla_policy.launch.py'
-ARGUMENTS = {'config_file', 'namespace', 'lifecycle', 'checkpoint', 'device', 'use_sim_time'}
+ARGUMENTS = {'config_file', 'params_files', 'namespace', 'lifecycle', 'autostart', 'log_level', 'record', 'checkpoint',
+             'device', 'use_sim_time'}
 
 
 def calls(tree: ast.AST, name: str) -> list[ast.Call]:
@@ -43,9 +44,9 @@ def test_launch_file_starts_installed_executables_with_the_installed_config():
     tree = ast.parse(LAUNCH.read_text())
     executables = {kw.value.value for call in calls(tree, 'LifecycleNode') + calls(tree, 'Node')
                    for kw in call.keywords if kw.arg == 'executable'}
-    assert executables == {'vla_policy_node', 'vla_policy_lifecycle_node'}
-    assert executables <= set(EXECUTABLES)
-    (join,) = calls(tree, 'join')
+    assert executables == {'vla_policy_node', 'vla_policy_lifecycle_node', 'vla-policy-record'}
+    assert executables <= set(EXECUTABLES) | set(COMMANDS)
+    (join,) = [call for call in calls(tree, 'join') if getattr(call.args[-1], 'value', None) == 'default.yaml']
     parts = [arg.value for arg in join.args[1:]]
     assert parts == ['config', 'default.yaml']
     assert (ROOT / Path(*parts)).is_file()
@@ -56,7 +57,7 @@ def test_setup_installs_every_file_and_executable_the_launch_file_needs():
     for pattern in ("glob('launch/*.launch.py')", "glob('config/*.yaml')", "'package.xml'",
                     "f'resource/{PACKAGE}'", "'LICENSE'"):
         assert pattern in text
-    assert "f'{name} = {entry}' for name, entry in EXECUTABLES.items()" in text
+    assert "f'{name} = {entry}' for name, entry in {**EXECUTABLES, **COMMANDS}.items()" in text
     for entry in EXECUTABLES.values():
         module, function = entry.split(':')
         source = ROOT / Path(*module.split('.')).with_suffix('.py')

@@ -48,6 +48,15 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
         assert (lib / name).is_file(), name
     assert (tmp_path / 'install' / 'vla_policy_node' / 'share' / 'doc' / 'vla_policy_node' /
             'LICENSE').is_file()
+    # The user's commands are on PATH once the workspace is sourced (issue 33, item 6), the ROS
+    # executables stay in lib/ for ros2 run.
+    shell = subprocess.run(['bash', '-c', 'source install/setup.bash && command -v vla-policy-replay vla_policy_node; '
+                            'vla-policy-replay --help'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    bin_dir = tmp_path / 'install' / 'vla_policy_node' / 'bin'
+    assert shell.stdout.split('\n')[0] == str(bin_dir / 'vla-policy-replay'), shell.stdout + shell.stderr
+    assert 'usage: vla-policy-replay' in shell.stdout, shell.stdout + shell.stderr
+    assert sorted(path.name for path in bin_dir.iterdir()) == [
+        'vla-policy-bench', 'vla-policy-record', 'vla-policy-replay', 'vla-policy-sim-eval', 'vla-policy-train']
     # colcon test: a test that starts the node finds the executable colcon installed (its
     # harness looks in the ament index first); the package's own checkout is not importable.
     env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}

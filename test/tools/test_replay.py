@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-vla-policy-replay on bags the tests record themselves (MCAP, written as rosbag2 writes them).
+vla-policy-replay on bags the tests record themselves (MCAP, written as rosbag2 writes them; sqlite3 copies).
 
 A scripted policy that always answers the recorded command checks the bookkeeping (errors 0,
 the state in training units, the times of the predicted rows); the tiny model runs the whole
@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 from PIL import Image as PILImage
@@ -89,6 +90,33 @@ def test_predictions_are_compared_with_the_command_in_force(fit_config):
     for name, row in summary.items():
         assert row['points'] == len(result.predicted_times)
         assert 0.0 < row['mae'] <= row['max_abs'] <= 0.3 * 0.8 * (0.1 + horizon * dt + 0.1) + 1e-6, name
+
+
+def as_sqlite3(mcap: Path, folder: Path) -> Path:
+    """Copy the bag's messages, as stored, into a rosbag2 folder of sqlite3 storage (``.db3``)."""
+    from rosbags.highlevel import AnyReader
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import get_typestore, Stores
+    typestore = get_typestore(Stores.ROS2_KILTED)
+    with AnyReader([mcap], default_typestore=typestore) as reader, \
+            Writer(folder, version=9, storage_plugin=StoragePlugin.SQLITE3) as writer:
+        copies = {c.id: writer.add_connection(c.topic, c.msgtype, typestore=typestore) for c in reader.connections}
+        for connection, log_time, raw in reader.messages():
+            writer.write(copies[connection.id], log_time, raw)
+    return folder
+
+
+def test_a_sqlite3_bag_replays_as_its_mcap_twin(fit_config, tmp_path):
+    settings, _, bag = fit_config
+    folder = as_sqlite3(bag, tmp_path / 'episode_db3')
+    (db3,) = folder.glob('*.db3')
+    for sqlite3 in (folder, db3):          # the rosbag2 folder, and its .db3 file alone
+        assert topic_types(sqlite3) == topic_types(bag)
+        assert [(topic, t) for topic, _, _, t in read_messages(sqlite3)] == [
+            (topic, t) for topic, _, _, t in read_messages(bag)]
+    twins = [replay(str(path), settings, RecordedCommandPolicy(settings.joint_map)) for path in (bag, folder)]
+    np.testing.assert_array_equal(twins[0].errors, twins[1].errors)
+    assert twins[1].chunks >= 6
 
 
 def test_missing_topics_are_named(fit_config, tmp_path):
@@ -179,3 +207,9 @@ def test_a_broken_bag_ends_in_one_line_and_exit_1(fit_config, tmp_path, capsys, 
     assert code == 1 and len(lines) == 1 and 'Traceback' not in err, err
     if 'carrying' in case:
         assert 'carries' in lines[0], lines[0]
+
+
+def test_topics_resolve_in_the_namespace_the_bag_was_recorded_in():
+    from vla_policy_node.replay.cli import absolute
+    assert absolute('camera/x') == '/camera/x' and absolute('~/x') == '/x'
+    assert absolute('camera/x', '/arm') == '/arm/camera/x' and absolute('/joint_states', 'arm') == '/joint_states'

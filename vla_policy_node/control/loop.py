@@ -441,6 +441,21 @@ class ControlLoop:
         self._log('info', f'episode reset #{count} ({reason})')
         return count
 
+    def end_task(self, now: float, why: str) -> None:
+        """
+        End the task at once (a goal cancelled, timed out or preempted): hold now, and until a new instruction.
+
+        The plan is dropped and the hold leaves through the gate like every command; the episode
+        is reset, so the next task starts fresh.
+        """
+        with self._lock:
+            if self._state.stopped:
+                return
+            self._inputs.clear_instruction(f'no task ({why}): waiting for an instruction')
+            self._discard_plan()
+            self._hold(now, Refusal(f'task ended: {why}'))
+        self.reset_episode(why)
+
     def restart_from_measured(self, now: float) -> str | None:
         """
         Walk the setpoint to the measured state, on an operator's word; why not, or None.

@@ -149,6 +149,7 @@ class ObservationBuffer:
         self._ignored_joint_states = 0
         self._joints_to_clear = np.zeros(len(joint_names), dtype=bool)
         self._instruction: str | None = None
+        self._no_instruction = 'no instruction received'    # the health of the missing instruction
         self._errors: dict[str, str] = {}
 
     @property
@@ -227,6 +228,11 @@ class ObservationBuffer:
         self._errors.pop(INSTRUCTION, None)
         return changed
 
+    def clear_instruction(self, why: str) -> None:
+        """Forget the task (a goal that ended): the instruction stream waits for a new one, saying ``why``."""
+        self._instruction = None
+        self._no_instruction = why
+
     def reject(self, stream: str, reason: str) -> None:
         """Mark ``stream`` faulted with ``reason`` until good data replaces it."""
         self._errors[stream] = reason
@@ -240,7 +246,7 @@ class ObservationBuffer:
         if INSTRUCTION in self._errors:
             report.append(InputHealth(INSTRUCTION, ERROR, self._errors[INSTRUCTION]))
         elif self._instruction is None:
-            report.append(InputHealth(INSTRUCTION, WARN, 'no instruction received'))
+            report.append(InputHealth(INSTRUCTION, WARN, self._no_instruction))
         else:
             report.append(InputHealth(INSTRUCTION, OK, f'task: {self._instruction[:80]}'))
         return report

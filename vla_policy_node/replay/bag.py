@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-ROS 2 bags in MCAP (rosbag2's default storage), read without a ROS install; written for tests.
+ROS 2 bags, MCAP or sqlite3 (``.db3``), read without a ROS install; written for tests.
 
-Reading uses the ``mcap`` and ``mcap-ros2-support`` packages: the schemas in the file (the
-``ros2msg`` definitions rosbag2 stores) decode the CDR messages, so no message package needs
-to be installed. A bag is either one ``.mcap`` file or a rosbag2 folder (``metadata.yaml``
-beside ``<name>_0.mcap``, ``<name>_1.mcap``, ... which are read in order).
+Reading uses the ``rosbags`` library: a bag is one ``.mcap`` or ``.db3`` file, or a rosbag2
+folder (``metadata.yaml`` beside its files); a folder of ``.mcap`` files without metadata is
+read as those files in order. The type definitions stored in the bag decode the CDR messages
+(ROS 2 Kilted's, for a type a bag does not define), so no message package needs to be installed.
 
 Writing (:class:`BagWriter`, used by the tests and ``benchmarks/synthetic_bag.py``) serializes with rclpy, as
 ``ros2 bag record`` does, and stores each type's definition the way rosbag2 does: the
@@ -21,69 +21,73 @@ import re
 import sys
 from typing import Any
 
-from mcap.reader import make_reader
-from mcap_ros2.decoder import DecoderFactory
+from rosbags.highlevel import AnyReader
+from rosbags.typesys import get_typestore, Stores
 
 PRIMITIVES = {'bool', 'byte', 'char', 'float32', 'float64', 'int8', 'uint8', 'int16', 'uint16',
               'int32', 'uint32', 'int64', 'uint64', 'string', 'wstring'}
 SEPARATOR = '=' * 80
+STORAGE_SUFFIXES = ('.mcap', '.db3')
 
 
-def bag_files(path: str | os.PathLike) -> list[Path]:
-    """Return the MCAP files of a bag: the file itself, or a rosbag2 folder's, in order."""
+def bag_paths(path: str | os.PathLike) -> list[Path]:
+    """Return what the reader opens: the file, the rosbag2 folder, or a bare folder's .mcap files in order."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or (path / 'metadata.yaml').is_file():
         return [path]
     files = sorted(path.glob('*.mcap'), key=lambda p: [int(t) if t.isdigit() else t
                                                        for t in re.split(r'(\d+)', p.name)])
     if not files:
-        raise FileNotFoundError(f'{path} is neither an .mcap file nor a folder holding some')
+        raise FileNotFoundError(f'{path} is neither a bag file ({", ".join(STORAGE_SUFFIXES)}) nor a folder '
+                                'holding one')
     return files
 
 
 class BagError(ValueError):
-    """A bag that cannot be read (truncated, corrupted, not MCAP), with the file and the reason."""
+    """A bag that cannot be read (truncated, corrupted, not a bag), with the path and the reason."""
 
 
-def _unreadable(file: Path, error: Exception) -> BagError:
+def _unreadable(path: Path, error: Exception) -> BagError:
     first = (str(error).strip().splitlines() or [''])[0][:200]
-    return BagError(f'{file}: not a readable MCAP bag ({type(error).__name__}: {first})')
+    return BagError(f'{path}: not a readable ROS 2 bag ({type(error).__name__}: {first})')
+
+
+def _open(path: str | os.PathLike) -> AnyReader:
+    """Return an opened reader of the bag; BagError if it cannot be opened."""
+    reader = AnyReader(bag_paths(path), default_typestore=get_typestore(Stores.ROS2_KILTED))
+    try:
+        reader.open()
+    except Exception as error:  # noqa: B902 - the readers raise many kinds on hostile bytes
+        raise _unreadable(Path(path), error) from error
+    return reader
 
 
 def read_messages(path: str | os.PathLike,
                   topics: set[str] | None = None) -> Iterator[tuple[str, str, Any, int]]:
     """
-    Yield (topic, type name, decoded message, log time in ns) in log-time order per file.
+    Yield (topic, type name, decoded message, log time in ns) in log-time order.
 
-    Whatever the MCAP and CDR readers raise on a broken file (a truncated chunk, a corrupted
-    zstd frame, garbage after the magic) is a :class:`BagError` naming the file.
+    Whatever the readers raise on a broken bag (a truncated chunk, a corrupted zstd frame,
+    garbage after the magic) is a :class:`BagError` naming the bag.
     """
-    for file in bag_files(path):
-        with open(file, 'rb') as stream:
-            try:
-                reader = make_reader(stream, decoder_factories=[DecoderFactory()])
-                for schema, channel, message, decoded in reader.iter_decoded_messages(
-                        topics=None if topics is None else sorted(topics), log_time_order=True):
-                    yield channel.topic, schema.name, decoded, message.log_time
-            except Exception as error:  # noqa: B902 - the readers raise many kinds on hostile bytes
-                raise _unreadable(file, error) from error
+    reader = _open(path)
+    try:
+        connections = [c for c in reader.connections if topics is None or c.topic in topics]
+        for connection, log_time, raw in reader.messages(connections=connections):
+            yield connection.topic, connection.msgtype, reader.deserialize(raw, connection.msgtype), log_time
+    except Exception as error:  # noqa: B902 - as in _open
+        raise _unreadable(Path(path), error) from error
+    finally:
+        reader.close()
 
 
 def topic_types(path: str | os.PathLike) -> dict[str, str]:
     """Map every topic of the bag to its type name (``sensor_msgs/msg/Image``); BagError if unreadable."""
-    types = {}
-    for file in bag_files(path):
-        with open(file, 'rb') as stream:
-            try:
-                summary = make_reader(stream).get_summary()
-            except Exception as error:  # noqa: B902 - as in read_messages
-                raise _unreadable(file, error) from error
-        if summary is None:
-            raise BagError(f'{file}: no summary section: the bag is truncated or was not closed '
-                           '(ros2 bag reindex can rebuild it)')
-        for channel in summary.channels.values():
-            types[channel.topic] = summary.schemas[channel.schema_id].name
-    return types
+    reader = _open(path)
+    try:
+        return {connection.topic: connection.msgtype for connection in reader.connections}
+    finally:
+        reader.close()
 
 
 def _msg_file(package: str, name: str) -> Path:
@@ -137,6 +141,7 @@ class BagWriter:
         self._writer.start(profile='ros2', library='vla_policy_node')
         self._schemas: dict[str, int] = {}
         self._channels: dict[str, int] = {}
+        self._typestore = get_typestore(Stores.ROS2_KILTED)
 
     def write(self, topic: str, msg: Any, log_time_ns: int) -> None:
         """Append ``msg`` on ``topic`` logged at ``log_time_ns``."""
@@ -149,8 +154,19 @@ class BagWriter:
         if topic not in self._channels:
             self._channels[topic] = self._writer.register_channel(
                 topic, 'cdr', self._schemas[type_name])
-        self._writer.add_message(self._channels[topic], log_time_ns, serialize_message(msg),
+        self._writer.add_message(self._channels[topic], log_time_ns, self._exact(serialize_message(msg), type_name),
                                  log_time_ns)
+
+    def _exact(self, raw: bytes, type_name: str) -> bytes:
+        """
+        Return ``raw`` cut at the message's end, as DDS delivers it and rosbag2 records it.
+
+        rclpy's ``serialize_message`` (Kilted's rmw_fastrtps) may append a few bytes of its buffer
+        after the message; strict readers (rosbags) refuse a message with bytes left over.
+        """
+        msgdef = self._typestore.get_msgdef(type_name)
+        _, end = msgdef.deserialize_cdr_le(raw[4:], 0, msgdef.cls, self._typestore)
+        return raw[:4 + end]
 
     def close(self) -> None:
         """Finish the file (summary and index)."""

@@ -45,9 +45,10 @@ from vla_policy_node.ros.params import (NodeSettings, PARAMETERS, ParameterError
 NODE = '/vla_policy_node'     # the node whose sections of the parameter files apply (no namespace)
 
 
-def absolute(topic: str) -> str:
-    """Resolve a topic as the node without a namespace does (``camera/x`` -> ``/camera/x``)."""
-    return topic if topic.startswith('/') else '/' + topic.lstrip('~/')
+def absolute(topic: str, namespace: str = '') -> str:
+    """Resolve a topic as the node in ``namespace`` does (``camera/x`` -> ``/arm/camera/x``)."""
+    namespace = namespace.strip('/')
+    return topic if topic.startswith('/') else '/' + '/'.join(filter(None, [namespace, topic.lstrip('~/')]))
 
 
 def settings_from_files(params_files: Sequence[str], overrides: Sequence[str] = ()) -> NodeSettings:
@@ -141,12 +142,13 @@ class _Recorder:
         self.commands.append(self.command.copy())
 
 
-def check_bag(bag: str, settings: NodeSettings) -> None:
+def check_bag(bag: str, settings: NodeSettings, namespace: str = '') -> None:
     """Raise ValueError (BagError for an unreadable file) unless ``bag`` holds every topic the node reads, typed."""
-    cameras = {absolute(camera_topic(topic, transport)): transport
+    cameras = {absolute(camera_topic(topic, transport), namespace): transport
                for topic, transport in zip(settings.camera_topics, settings.camera_transports)}
-    groups = {absolute(group.topic): group for group in settings.command_groups}
-    joint_topic, instruction_topic = absolute(settings.joint_states_topic), absolute(settings.instruction_topic)
+    groups = {absolute(group.topic, namespace): group for group in settings.command_groups}
+    joint_topic = absolute(settings.joint_states_topic, namespace)
+    instruction_topic = absolute(settings.instruction_topic, namespace)
     present = topic_types(bag)
     missing = [t for t in [*cameras, joint_topic, instruction_topic, *groups] if t not in present]
     if missing:
@@ -162,16 +164,18 @@ def check_bag(bag: str, settings: NodeSettings) -> None:
         raise ValueError(f"the bag's topics do not carry what the node reads: {'; '.join(wrong)}")
 
 
-def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None = None) -> Replay:
+def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None = None,
+           namespace: str = '') -> Replay:
     """Run ``policy`` open-loop over ``bag``'s recorded observations; compare with its commands."""
     dt = 1.0 / settings.control_rate_hz
     horizon = settings.chunking.horizon or policy.chunk_size
     period = period or horizon * dt
-    cameras = {absolute(camera_topic(topic, transport)): (name, transport) for topic, name, transport
+    cameras = {absolute(camera_topic(topic, transport), namespace): (name, transport) for topic, name, transport
                in zip(settings.camera_topics, settings.camera_names, settings.camera_transports)}
-    groups = {absolute(group.topic): group for group in settings.command_groups}
-    joint_topic, instruction_topic = absolute(settings.joint_states_topic), absolute(settings.instruction_topic)
-    check_bag(bag, settings)
+    groups = {absolute(group.topic, namespace): group for group in settings.command_groups}
+    joint_topic = absolute(settings.joint_states_topic, namespace)
+    instruction_topic = absolute(settings.instruction_topic, namespace)
+    check_bag(bag, settings, namespace)
     inputs = _Recorder(settings)
     start, next_observation = None, None
     predicted_times, predicted, latencies = [], [], []
@@ -248,16 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='one parameter, as with ros2 run (e.g. checkpoint:=/path)')
     parser.add_argument('--period', type=float, default=None,
                         help='seconds between observations (default: one horizon)')
+    parser.add_argument('--namespace', default='', help="the node's namespace when the bag was recorded")
     parser.add_argument('--plot', help='write the PNG plot here')
     parser.add_argument('--json', help='write the summary here')
     args = parser.parse_args(argv)
     from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError   # torch: only now
     try:
         settings = settings_from_files(args.params_file, args.param)
-        check_bag(args.bag, settings)                   # before the policy loads: a broken bag fails fast
+        check_bag(args.bag, settings, args.namespace)   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
                              lambda text: print(f'warning: {text}', file=sys.stderr))
-        result = replay(args.bag, settings, policy, args.period)
+        result = replay(args.bag, settings, policy, args.period, args.namespace)
     except (ParameterError, PolicyLoadError, ValueError, OSError) as error:
         print(f'vla-policy-replay: {error}', file=sys.stderr)
         return 1

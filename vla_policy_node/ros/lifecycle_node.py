@@ -210,6 +210,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         """Send the last hold and wait (briefly) until the controllers have it: it may be freed next."""
         if not self._active:
             return False
+        self._task.abort('the lifecycle node left active: holding')
         self._active = False
         self._unsubscribe_instruction()
         self._control_timer.cancel()
@@ -270,6 +271,9 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
     def _on_diagnostics_tick(self) -> None:
         if self._worker is not None:
             super()._on_diagnostics_tick()
+
+    def _task_refusal(self) -> str | None:
+        return None if self._active else 'not active: activate the node first'
 
     @_while_active('not active: there is no episode to reset')
     def _on_reset_episode(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:

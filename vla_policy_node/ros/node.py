@@ -9,7 +9,7 @@ loop's. The node adds what only ROS knows: who else is on the command topic, a w
 watchdog that keeps holding and reporting when a simulated clock stops, and /diagnostics.
 
 Input rates do not set the node's work: joint states are read once per tick from a
-subscription no executor spins (``PolledSubscription``), and camera callbacks only keep the
+subscription of the node that no executor waits on (``PolledSubscription``), and camera callbacks only keep the
 newest raw frame, decoded at the tick or when the loop is about to ask for a chunk. Inference
 runs on its own thread; all callbacks run on one executor thread and take microseconds.
 """
@@ -48,6 +48,7 @@ from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.polled_input import PolledSubscription
 from vla_policy_node.ros.process import run_until_signal, StopRequested  # noqa: F401 (re-exported)
 from vla_policy_node.ros.server.client import RemoteInference
+from vla_policy_node.ros.task_action import TaskAction
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
                                      INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
 
@@ -115,6 +116,12 @@ class PolicyWiring:
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
+        self._task = TaskAction(self, self._settings.task_success_topic, self._settings.max_instruction_length,
+                                lambda: self._loop, self._task_refusal, self._now)
+
+    def _task_refusal(self) -> str | None:
+        """Say why a RunInstruction goal cannot start now, or None."""
+        return None if self._loop is not None else 'the node has no control loop yet'
 
     def _load(self) -> None:
         """Load the policy and its inference thread, or the server's client; it starts once a loop is bound."""
@@ -177,8 +184,7 @@ class PolicyWiring:
                 CompressedImage if transport == 'compressed' else Image,
                 camera_topic(topic, transport),
                 lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
-        self._joint_states = PolledSubscription(
-            self, JointState, settings.joint_states_topic, JOINT_STATES_QOS, 'joint_states')
+        self._joint_states = PolledSubscription(self, JointState, settings.joint_states_topic, JOINT_STATES_QOS)
         for qos in self.INSTRUCTION_PROFILES:
             # A volatile publisher (``ros2 topic pub``) cannot match the transient-local reader;
             # its volatile twin takes the instruction, so that mismatch is expected, not logged.
@@ -260,6 +266,7 @@ class PolicyWiring:
         subscribers, others, topic, unheard = self._outputs.link(self._other_publishers)
         self._loop.set_command_link(subscribers, others, topic, unheard)
         self._loop.tick(self._now())
+        self._task.on_tick()
 
     def _on_chunk_ready(self) -> None:
         # The executor may have run a due control tick first, which already resumed: a second
@@ -362,7 +369,8 @@ class PolicyWiring:
         return self._worker.alive
 
     def destroy_node(self) -> None:
-        """Destroy the joint-state helper node too."""
+        """Destroy the action server and the polled joint-state subscription first: they keep the node's handle."""
+        self._task.destroy()
         if self._joint_states is not None:
             self._joint_states.destroy()
         super().destroy_node()
@@ -375,6 +383,7 @@ class PolicyWiring:
         the inference thread has finished.
         """
         self._control_timer.cancel()
+        self._task.abort('the node stopped: holding')
         held = self._loop.stop(self._now())
         if held:
             self._outputs.wait_for_all_acked(1.0)

@@ -148,6 +148,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'std_msgs/String topic carrying the task (reliable, transient local).'),
     ParamSpec('joint_states_topic', 'joint_states', 'sensor_msgs/JointState topic; relative names '
               'follow the node\'s namespace and remaps.'),
+    ParamSpec('task_success_topic', 'task_success', 'std_msgs/Empty topic on which the robot (or a '
+              'success detector) says the task succeeded: it ends the running RunInstruction goal as '
+              'SUCCEEDED.'),
     ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
               'Joints in the order of the policy\'s state and action vectors.'),
     ParamSpec('joint_units.scale', Parameter.Type.DOUBLE_ARRAY,

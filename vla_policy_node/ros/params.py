@@ -76,6 +76,7 @@ class NodeSettings(PolicySettings):
 
     camera_topics: tuple[str, ...]
     instruction_topic: str
+    task_success_topic: str
     joint_states_topic: str
     camera_transports: tuple[str, ...]      # one per camera topic
     joint_map: JointMap
@@ -180,7 +181,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         raise ParameterError(
             f'camera_topics has {len(cameras)} entries but camera_names has {len(names)}; '
             'give one name per topic')
-    for key in ('instruction_topic', 'joint_states_topic', 'command_topic'):
+    for key in ('instruction_topic', 'joint_states_topic', 'task_success_topic', 'command_topic'):
         if not values[key].strip():
             raise ParameterError(f"parameter '{key}' must not be empty")
         _check_topic(key, values[key])
@@ -239,6 +240,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         camera_topics=cameras,
         camera_names=names,
         instruction_topic=values['instruction_topic'],
+        task_success_topic=values['task_success_topic'],
         joint_states_topic=values['joint_states_topic'],
         joint_names=joints,
         camera_transports=transports,

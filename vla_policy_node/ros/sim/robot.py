@@ -10,12 +10,16 @@ for each it places new blocks (the arm stays where it is), publishes the instruc
 (reliable, transient local), calls the node's ``~/reset_episode`` and counts control
 ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
 per episode and the success rate, and saves the first episode as a GIF and a PNG strip.
+While the tip touches the named block it publishes ``task_success`` (std_msgs/Empty, the
+success signal of a RunInstruction goal); with ``goal_driven`` it sets out one layout, prints
+its task and publishes no instruction: a RunInstruction goal gives it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+import re
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -24,7 +28,7 @@ import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray, String
+from std_msgs.msg import Empty, Float64MultiArray, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -35,6 +39,8 @@ from vla_policy_node.sim.arm import JOINT_NAMES
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.trajectory import TrajectoryFollower
+
+SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class SimRobot(Node):
         self._record = declare('record_prefix', '').value
         seed = declare('seed', 0).value
         self.duration = declare('duration', 0.0).value
+        # true: one layout and no instruction of its own; a RunInstruction goal gives the task.
+        self._goal_driven = declare('goal_driven', False).value
         self._env = TouchEnv(dt=1.0 / control_rate, max_steps=self._max_steps, joint_names=tuple(self._joints))
         self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
         self._rng = np.random.default_rng(seed)
@@ -89,6 +97,7 @@ class SimRobot(Node):
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
         self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
+        self._success_pub = self.create_publisher(Empty, 'task_success', COMMAND_QOS)
         self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
         if interface == 'joint_trajectory':
             self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
@@ -181,6 +190,10 @@ class SimRobot(Node):
             return
         if self._phase != 'running':
             return
+        if self._env.is_touching():         # the success signal, for a RunInstruction goal
+            self._success_pub.publish(Empty())
+        if self._goal_driven:
+            return
         steps = int((time.monotonic() - self._episode_start) / self._env.dt)
         if self._success or steps >= self._max_steps:
             self._finish_episode(min(steps, self._max_steps))
@@ -189,6 +202,10 @@ class SimRobot(Node):
         self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
         self._follower.clear()
         self._on_camera_tick()                           # the new layout before the new task
+        if self._goal_driven:
+            print(f'task: {self._env.scene.instruction!r} (send it as a RunInstruction goal)', flush=True)
+            self._phase = 'running'
+            return
         sent = self._instruction_override or self._env.scene.instruction
         self._instruction_pub.publish(String(data=sent))
         self._reset.call_async(Trigger.Request())
@@ -229,7 +246,18 @@ class SimRobot(Node):
         wins = sum(r.success for r in self.reports)
         if not done:
             return 'no episode finished: is vla_policy_node running with the same ROS_DOMAIN_ID?'
-        return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}% (through vla_policy_node over DDS)'
+        return f'{success_rate(wins, done)} (through vla_policy_node over DDS)'
+
+
+def success_rate(wins: int, done: int) -> str:
+    """Return the success rate line's start: ``success rate: 3/4 = 75%``."""
+    return f'success rate: {wins}/{done} = {100.0 * wins / done:.0f}%'
+
+
+def parse_success_rate(text: str) -> tuple[int, int] | None:
+    """Return (successes, episodes) of the success rate line in ``text``, or None without one."""
+    found = SUCCESS_RATE.search(text)
+    return None if found is None else (int(found['wins']), int(found['done']))
 
 
 def format_report(index: int, total: int, report: EpisodeReport) -> str:
