@@ -71,6 +71,28 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
     assert results.returncode == 0 and '0 errors, 0 failures' in results.stdout, results.stdout
 
 
+@pytest.mark.slow
+def test_colcon_builds_the_interface_package_the_node_serves(tmp_path: Path):
+    """vla_policy_interfaces, inside the package's folder, as the README's workspace builds it."""
+    source = tmp_path / 'src' / 'vla_policy_node'
+    shutil.copytree(ROOT / 'interfaces', source / 'interfaces')
+    venv = Path(sys.prefix)
+    prefixes = os.pathsep.join(filter(None, [str(venv), os.environ.get('AMENT_PREFIX_PATH')]))
+    env = {**os.environ, 'AMENT_PREFIX_PATH': prefixes, 'CMAKE_PREFIX_PATH': str(venv),
+           'PATH': f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        COLCON + ['build', '--base-paths', 'src', 'src/vla_policy_node/interfaces', '--event-handlers',
+                  'console_cohesion-', '--cmake-args', f'-DPython3_EXECUTABLE={sys.executable}', '-DBUILD_TESTING=OFF'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    install = tmp_path / 'install' / 'vla_policy_interfaces'
+    assert (install / 'share' / 'vla_policy_interfaces' / 'action' / 'RunInstruction.action').is_file()
+    shell = subprocess.run(['bash', '-c', 'source install/setup.bash && python -c "import vla_policy_interfaces.action '
+                            'as a; print(a.__file__); print(a.RunInstruction.Result.PREEMPTED)"'],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert shell.stdout.startswith(str(install)) and shell.stdout.split()[-1] == '3', shell.stdout + shell.stderr
+
+
 def test_installed_executable_prefers_the_ament_index(tmp_path: Path, monkeypatch):
     lib = tmp_path / 'lib' / 'vla_policy_node'
     lib.mkdir(parents=True)
