@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-One vla_policy_server and N simulated arms, each with its own vla_policy_node (inference remote).
+vla_policy_server(s) and N simulated arms, each with its own vla_policy_node (inference remote).
 
 Robot ``i`` lives in namespace ``/robot<i>``: its simulated table-top arm
 (``vla_policy_sim_robot``) and its policy node talk on relative topics there; every policy node
-sends its chunk requests to the one server, which serves the shipped table-top policy (as
+sends its chunk requests to a server, which serves the shipped table-top policy (as
 ``sim_demo.launch.py`` does for one robot) in batches. Launch arguments: robots (N, default 2),
-device (the server's), batch_window (seconds), horizon (actions per chunk used by the robots,
-at most the policy's chunk size, which is the default), episodes (per arm; 0: until Ctrl-C). For example::
+servers (default 1: ``/vla_policy_server``; server i > 1 is ``/server<i>/vla_policy_server``, every
+robot has them all in its pool and the fleet splits across the live ones), device (the
+servers'; ``cuda`` with several servers puts server i on ``cuda:<i-1>``), batch_window
+(seconds), horizon (actions per chunk used by the robots, at most the policy's chunk size,
+which is the default), episodes (per arm; 0: until Ctrl-C). For example::
 
     ros2 launch vla_policy_node multi_robot.launch.py robots:=4 device:=cuda episodes:=5
 
@@ -74,6 +77,11 @@ class Tally:
                 Shutdown(reason=f'the simulated arm of {namespace} failed')]
 
 
+def server_names(count: int) -> list[str]:
+    """Return the fully qualified names of ``count`` servers: the default one first."""
+    return ['/vla_policy_server'] + [f'/server{i}/vla_policy_server' for i in range(2, count + 1)]
+
+
 def robots(context: LaunchContext, files: LaunchParameters) -> list:
     """Return a simulated arm and a remote-inference policy node per robot namespace."""
     count = int(LaunchConfiguration('robots').perform(context))
@@ -81,6 +89,8 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
     default, demo = config_files()
     horizon = int(LaunchConfiguration('horizon').perform(context))
     tally = Tally(count)
+    pool = server_names(int(LaunchConfiguration('servers').perform(context)))
+    more = {'remote.servers': pool[1:]} if len(pool) > 1 else {}
     entities = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
@@ -100,24 +110,30 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
             package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
             namespace=namespace, output='screen', emulate_tty=True,
             parameters=[default, demo, files.file(namespace, 'vla_policy_node', {
-                'inference': 'remote', 'remote.server': '/vla_policy_server',
+                'inference': 'remote', 'remote.server': pool[0], **more,
                 'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
     return entities
 
 
 def server(context: LaunchContext, files: LaunchParameters) -> list:
-    """Return the policy server, which shuts the launch down when it exits."""
+    """Return the policy servers; the launch shuts down when one exits."""
     default, demo = config_files()
     with open(demo) as f:            # the policy node's section, for the server's node name
         node_params = yaml.safe_load(f)['/**/vla_policy_node']['ros__parameters']
-    node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
-                output='screen', emulate_tty=True,
-                parameters=[default, files.file('', 'vla_policy_server', {
-                    **node_params, 'checkpoint': str(SHIPPED_CHECKPOINT),
-                    'device': LaunchConfiguration('device').perform(context),
-                    'batch.window': float(LaunchConfiguration('batch_window').perform(context))})])
-    return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
-        Shutdown(reason='the policy server exited')]))]
+    device = LaunchConfiguration('device').perform(context)
+    names = server_names(int(LaunchConfiguration('servers').perform(context)))
+    entities = []
+    for index, name in enumerate(names):
+        namespace = name.rpartition('/')[0].strip('/')
+        node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
+                    namespace=namespace, output='screen', emulate_tty=True,
+                    parameters=[default, files.file(namespace, 'vla_policy_server', {
+                        **node_params, 'checkpoint': str(SHIPPED_CHECKPOINT),
+                        'device': f'cuda:{index}' if device == 'cuda' and len(names) > 1 else device,
+                        'batch.window': float(LaunchConfiguration('batch_window').perform(context))})])
+        entities += [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
+            Shutdown(reason=f'the policy server {name} exited')]))]
+    return entities
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -125,8 +141,11 @@ def generate_launch_description() -> LaunchDescription:
     files = LaunchParameters()
     return LaunchDescription([
         DeclareLaunchArgument('robots', default_value='2', description='Number of robots.'),
+        DeclareLaunchArgument('servers', default_value='1',
+                              description='Number of policy servers sharing the robots (one per GPU).'),
         DeclareLaunchArgument('device', default_value='auto',
-                              description="The server's torch device: auto, cpu, cuda, cuda:N."),
+                              description="The servers' torch device: auto, cpu, cuda (several servers: "
+                                          'cuda:0, cuda:1, ...), cuda:N.'),
         DeclareLaunchArgument('batch_window', default_value='0.0',
                               description='Seconds a request reaching an idle server waits for company; '
                                           '0: continuous batching.'),

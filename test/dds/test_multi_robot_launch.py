@@ -69,6 +69,24 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     assert not Path(files.folder).exists()
 
 
+def test_servers_2_starts_a_second_server_in_every_robots_pool_each_on_its_own_gpu():
+    module, description = load()
+    context = launch.LaunchContext()
+    for entity in description.entities:
+        if type(entity).__name__ == 'DeclareLaunchArgument':
+            entity.visit(context)
+    context.launch_configurations.update({'servers': '2', 'device': 'cuda'})
+    files = module.LaunchParameters()
+    servers = [e for e in module.server(context, files) if getattr(e, 'node_executable', None)]
+    assert [given(s)[1]['device'] for s in servers] == ['cuda:0', 'cuda:1']
+    robots = [e for e in module.robots(context, files) if getattr(e, 'node_executable', None) == 'vla_policy_node']
+    for robot in robots:
+        values = given(robot)[1]
+        assert (values['remote.server'], values['remote.servers']) == ('/vla_policy_server',
+                                                                       ['/server2/vla_policy_server'])
+    files.remove()
+
+
 def test_launch_parameter_files_keep_strings_strings_and_go_at_shutdown():
     from vla_policy_node.ros.launch_parameters import LaunchParameters
     files = LaunchParameters()

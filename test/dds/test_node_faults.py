@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from rcl_interfaces.msg import Parameter as ParameterMsg, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from rclpy._rclpy_pybind11 import NodeNameNonExistentError
 from rclpy.duration import Duration
 from ros_harness import (DEFAULT_CONFIG, installed_executable, next_domain_id, node_with_probe,
                          NodeProcess, RANDOM_WEIGHTS_ARGS, ROOT, ros_env)
@@ -165,19 +166,29 @@ def test_only_documented_interfaces(system):
     node, probe = system
     graph = probe.node
     name = 'vla_policy_node'
-    assert wait_until(lambda: graph.get_publisher_names_and_types_by_node(name, '/'), 5.0)
+
+    def discovered() -> bool:
+        try:
+            return bool(graph.get_publisher_names_and_types_by_node(name, '/'))
+        except NodeNameNonExistentError:        # not discovered yet
+            return False
+    assert wait_until(discovered, 10.0)
     published = {n for n, _ in graph.get_publisher_names_and_types_by_node(name, '/')}
     subscribed = {n for n, _ in graph.get_subscriber_names_and_types_by_node(name, '/')}
     services = {n for n, _ in graph.get_service_names_and_types_by_node(name, '/')}
+    action = f'{NODE}/run_instruction/_action'          # the RunInstruction action's topics and services
     assert published <= {'/' + CONFIG['command_topic'], '/diagnostics', '/rosout',
-                         '/parameter_events'}
-    inputs = {'/' + t for t in CONFIG['camera_topics']} | {'/joint_states', '/instruction'}
+                         '/parameter_events', f'{action}/feedback', f'{action}/status'}
+    inputs = {'/' + t for t in CONFIG['camera_topics']} | {
+        '/joint_states', '/instruction', '/' + CONFIG['task_success_topic']}
     watched = {'/' + CONFIG['command_topic']}          # matched events only: who else publishes there
     assert subscribed <= inputs | watched | {'/parameter_events', '/clock'}
     parameter_services = {f'{NODE}/{s}' for s in (
         'describe_parameters', 'get_parameter_types', 'get_parameters', 'list_parameters',
         'set_parameters', 'set_parameters_atomically', 'get_type_description')}
-    assert services <= {f'{NODE}/reset_episode', f'{NODE}/restart_from_measured'} | parameter_services, services
+    action_services = {f'{action}/{s}' for s in ('send_goal', 'cancel_goal', 'get_result')}
+    assert services <= ({f'{NODE}/reset_episode', f'{NODE}/restart_from_measured'} | parameter_services
+                        | action_services), services
 
 
 @pytest.mark.parametrize('name, value', [('command_topic', 'elsewhere'), ('checkpoint', '/tmp')])
