@@ -29,10 +29,10 @@ Heartbeats: each server publishes a ``diagnostic_msgs/DiagnosticStatus`` on
 ``hardware_id`` = its run (drawn at start), values ``period`` and ``queued`` (requests waiting).
 Robots count a server as lost when its heartbeats stop (``server.pool``).
 
-Why this and not a service or an action with the project's own messages: a message package
-must be generated with rosidl and CMake, which this package (ament_python, pip-installable)
-does not need today; plain std_msgs work with every ROS 2 install, and request ids give what a
-service would (which answer belongs to which request) without a blocking call. Floats in JSON
+Why a topic pair and not a service: request ids give what a service would (which answer
+belongs to which request) without a blocking call, and one answer topic carries a whole batch.
+The segments predate the project's generated interface package (vla_policy_interfaces); typed
+messages there would replace this module's encoders and decoders only. Floats in JSON
 round-trip exactly (repr); times are the robot's own clock, returned untouched. No torch here.
 """
 
