@@ -2,8 +2,10 @@
 """
 The control loop: one tick of input health, chunk scheduling, hold decisions and the gate.
 
-(About 500 lines: ``ControlLoop`` is the locked public API plus the hold/command transitions that
-share its lock; they read best in one place. State, holds, the gate and ages live beside it.)
+(Over 500 lines on purpose: ``ControlLoop`` is the locked public API plus the hold/command
+transitions that share its lock, episode and task ends included; split across files, a reader
+could no longer see every path to the robot under that one lock. State, holds, the gate and
+ages live beside it.)
 
 Everything that decides what the robot is told lives here, free of ROS, so the node, the soak
 run and the property tests drive the same code::
