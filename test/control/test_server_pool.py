@@ -37,16 +37,16 @@ def test_rendezvous_splits_a_fleet_evenly_and_never_picks_from_nothing():
 
 def test_a_server_is_live_until_its_heartbeats_stop_for_the_timeout():
     pool = ServerPool(('/a', '/b'), timeout=0.5)
-    assert pool.live(0.0) == [] and pool.silence('/a', 0.0) is None
+    assert not pool.is_live('/a', 0.0) and pool.silence('/a', 0.0) is None
     assert pool.heartbeat('/a', 'run1', 1.0) is True, 'first seen'
     assert pool.heartbeat('/a', 'run1', 1.1) is False
-    assert pool.heartbeat('/unknown', 'x', 1.1) is False and pool.live(1.1) == ['/a']
+    assert pool.heartbeat('/unknown', 'x', 1.1) is False and not pool.is_live('/b', 1.1)
     assert pool.expire(1.6) == [] and pool.is_live('/a', 1.6)
     assert pool.expire(1.61) == ['/a'] and pool.expire(1.7) == [], 'lost once, reported once'
     assert not pool.is_live('/a', 1.61) and pool.silence('/a', 1.7) == pytest.approx(0.6)
     assert pool.heartbeat('/a', 'run1', 2.0) is True, 'back after a loss'
     assert pool.heartbeat('/a', 'run2', 2.1) is True, 'a restarted server is found again'
-    assert pool.instance('/a') == 'run2' and pool.live(2.1) == ['/a']
+    assert pool.instance('/a') == 'run2' and pool.is_live('/a', 2.1)
 
 
 def test_a_pool_needs_distinct_servers_and_a_positive_timeout():

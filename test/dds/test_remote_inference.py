@@ -129,11 +129,13 @@ def link(request):
     rclpy.try_shutdown(context=context)
 
 
-def wait_served(robot: Robot, servers: int, timeout: float = 10.0) -> bool:
-    """Wait until ``servers`` servers are live and take the robot's requests."""
+def wait_served(robot: Robot, servers: int, timeout: float = 10.0, live: int | None = None) -> bool:
+    """Wait until ``servers`` servers take the robot's requests and ``live`` of them (default: all) beat."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if robot.remote.stats['counters']['remote_servers_matched'] == servers:
+        counters = robot.remote.stats['counters']
+        want = (servers, servers if live is None else live)
+        if (counters['remote_servers_matched'], counters['remote_servers_live']) == want:
             return True
         time.sleep(0.05)
     return False
@@ -379,3 +381,30 @@ def test_a_robot_moves_to_the_second_server_and_never_executes_the_first_ones_la
     mine.beating = True                                    # back: the robot returns to its own server
     assert robot.run_until(lambda: mine.count() >= 2, 10.0)
     assert robot.remote.stats['server'] == mine.name
+
+
+def test_a_server_that_never_sends_heartbeats_is_still_asked_while_it_subscribes():
+    """A server of a version without heartbeats (a rolling upgrade): its loss is then seen at the deadline."""
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    server = FakeServer(context)
+    server.beating = False
+    robot = Robot(context, deadline=0.5)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(server.node)
+    executor.add_node(robot.node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert wait_served(robot, 1, live=0)
+        assert robot.run_until(lambda: server.count() == 1, 5.0)
+        server.answer(0)
+        assert robot.run_until(lambda: robot.executed() >= 3, 5.0)
+        assert robot.run_until(lambda: 'no answer from the policy server' in (robot.loop.hold_reason or ''), 5.0)
+    finally:
+        robot.remote.stop(1.0)
+        executor.shutdown(timeout_sec=1.0)
+        spinner.join(2.0)
+        robot.node.destroy_node()
+        server.node.destroy_node()
+        rclpy.try_shutdown(context=context)

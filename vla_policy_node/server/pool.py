@@ -71,10 +71,6 @@ class ServerPool:
                 lost.append(server)
         return lost
 
-    def live(self, now: float) -> list[str]:
-        """Return the servers heard from within ``timeout``, in pool order."""
-        return [s for s in self.servers if s in self._beats and now - self._beats[s].seen_at <= self.timeout]
-
     def is_live(self, server: str, now: float) -> bool:
         """Tell whether ``server`` was heard from within ``timeout``."""
         beat = self._beats.get(server)

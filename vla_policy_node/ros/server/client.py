@@ -130,7 +130,7 @@ class RemoteInference:
             if self._pending is not None or self._stopping:
                 return False
             now = time.monotonic()
-            server = rendezvous(self._robot, [s for s in self._pool.live(now) if matched[s]])
+            server = rendezvous(self._robot, self._usable(now, matched))
             moved = server is not None and self._server is not None and server != self._server
             self._pending = _Pending(request, now, key, server)
             self._unsent = self._why_none_serves(now, matched) if server is None else None
@@ -145,6 +145,16 @@ class RemoteInference:
         if server is not None:
             self._requests[server].publish(encode_request(key, self._joints, observation, request.rtc, deadline))
         return True
+
+    def _usable(self, now: float, matched: dict[str, bool]) -> list[str]:
+        """
+        Return the servers a request may go to: subscribed, and live by their heartbeats.
+
+        A subscribed server never heard from (a version without heartbeats, during a rolling
+        upgrade) is used too; its loss is then seen at the deadline, as before heartbeats.
+        """
+        return [s for s in self._pool.servers
+                if matched[s] and (self._pool.is_live(s, now) or self._pool.instance(s) is None)]
 
     def _why_none_serves(self, now: float, matched: dict[str, bool]) -> str:
         """Say per server why none can take a request now."""
@@ -205,14 +215,18 @@ class RemoteInference:
         """
         Return counters and latencies (p50, p95): ``total`` is the round trip, ``server`` its compute.
 
-        ``remote_servers_matched`` is the number of live servers that take requests now: 0
-        while none runs, so a robot (or the simulated arm) can wait for one; ``server`` is the
+        ``remote_servers_matched`` is the number of servers that take requests now: 0
+        while none runs, so a robot (or the simulated arm) can wait for one;
+        ``remote_servers_live`` those whose heartbeats come; ``server`` is the
         server the last request went to (None before any).
         """
         matched = {server: publisher.get_subscription_count() > 0 for server, publisher in self._requests.items()}
         with self._condition:
-            live = [server for server in self._pool.live(time.monotonic()) if matched[server]]
-            return {'counters': {**self._counters, 'remote_servers_matched': len(live)},
+            now = time.monotonic()
+            usable = self._usable(now, matched)
+            heard = sum(self._pool.is_live(server, now) for server in self._pool.servers)
+            return {'counters': {**self._counters, 'remote_servers_matched': len(usable),
+                                 'remote_servers_live': heard},
                     'latencies': {'total': _percentiles(self._round_trips),
                                   'server': _percentiles(self._server_compute)},
                     'server': self._server}
@@ -281,7 +295,8 @@ class RemoteInference:
                     left = pending.sent + self._deadline - now
                     if self._unsent is not None:
                         error = self._unsent
-                    elif pending.server in lost or not self._pool.is_live(pending.server, now):
+                    elif pending.server in lost or (self._pool.instance(pending.server) is not None
+                                                    and not self._pool.is_live(pending.server, now)):
                         error = (f'policy server {pending.server} lost: no heartbeat for '
                                  f'{self._pool.silence(pending.server, now):.2f} s (remote.server_timeout '
                                  f'{self._pool.timeout:g} s)')
