@@ -25,7 +25,18 @@ setup: $(VENV)/.setup-stamp $(INTERFACES_STAMP) $(LAUNCH_STAMP) $(CONTROL_MSGS_S
 $(VENV)/.setup-stamp: requirements.txt requirements-test.txt
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -r requirements-test.txt
+	$(MAKE) --no-print-directory gl
 	touch $@
+
+# MuJoCo renders the simulated SO-101's camera headless through EGL (Mesa's software renderer
+# where there is no GPU): the GL libraries are installed with apt-get where missing and allowed.
+GL_CHECK := MUJOCO_GL=egl $(PYTHON) -c 'import mujoco; mujoco.Renderer(mujoco.MjModel.from_xml_string("<mujoco/>"), 8, 8).render()'
+.PHONY: gl
+gl:
+	@$(GL_CHECK) 2>/dev/null || { \
+	    test "$$(id -u)" = 0 || { echo "MuJoCo cannot render headless: install EGL (Debian: libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri)"; exit 1; }; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	        libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri && $(GL_CHECK); }
 
 # Interface packages without a wheel are generated with the ROS 2 interface generators from PyPI
 # (requirements-interfaces.txt; CMake, a C++ compiler, Python headers: installed with apt-get
@@ -99,25 +110,27 @@ $(VENV)/.install-stamp: $(VENV)/.setup-stamp $(INTERFACES_STAMP) $(LAUNCH_STAMP)
 	$(PYTHON) -m vla_policy_node.ament_registration $(VENV)
 	touch $@
 
-# The node drives the simulated table-top arm with the policy that ships in the package
-# (vla_policy_node/sim/touch_policy, trained by `make train`) for DEMO_EPISODES episodes; the
-# robot prints each episode and the success rate and saves the first one as
+# The node drives the simulated SO-101 (MuJoCo) with the policy that ships in the package
+# (vla_policy_node/sim/so101/touch_policy, trained by `make train`) for DEMO_EPISODES episodes,
+# reading default.yaml, so101.yaml (the arm's units, controllers, limits) and demo.yaml; the
+# robot prints each episode and the success rate and saves the first one, captioned, as
 # demo_episode.gif / demo_episode.png. The node is stopped with SIGTERM (it publishes a hold).
 demo: install
-	@ckpt=$$($(PYTHON) -m vla_policy_node.sim checkpoint) || exit 1; \
-	echo "vla_policy_node demo: the shipped table-top policy, $(DEMO_EPISODES) episodes, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"; \
-	$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml --params-file config/demo.yaml \
-	    -p checkpoint:=$$ckpt --log-level ERROR & node=$$!; \
+	@ckpt=$$($(PYTHON) -m vla_policy_node.sim checkpoint so101) || exit 1; \
+	echo "vla_policy_node demo: the shipped SO-101 policy, $(DEMO_EPISODES) episodes, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"; \
+	$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml --params-file config/so101.yaml \
+	    --params-file config/demo.yaml -p checkpoint:=$$ckpt --log-level ERROR & node=$$!; \
 	trap 'kill -TERM $$node 2>/dev/null || true' EXIT; \
 	$(VENV)/bin/vla_policy_sim_robot --ros-args --params-file config/demo.yaml \
 	    -p episodes:=$(DEMO_EPISODES) -p record_prefix:=demo_episode --log-level WARN; status=$$?; \
 	kill -TERM $$node; wait $$node; exit $$status
 
-# Retrain the shipped policy from scripted demonstrations, seeded: vla-policy-train's defaults,
-# 10,000 steps of batch 64 over two data-parallel workers of one core each, about 14 minutes
-# (BENCHMARKS.md "Task success").
+# Retrain the shipped SO-101 policy from scripted demonstrations in LeRobot's SO-101 units, seeded:
+# vla-policy-train's defaults, 1,200 expert episodes, 10,000 steps of batch 64 over two
+# data-parallel workers of one core each (BENCHMARKS.md "Task success" has the time). The planar
+# test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/touch_policy
 train: install
-	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/touch_policy
+	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/so101/touch_policy
 
 # Every test, in two passes: those not marked dds (the pure core, the compiled programs, the
 # linters) on TEST_WORKERS pytest-xdist workers, then the DDS tests one at a time, each on a

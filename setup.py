@@ -51,11 +51,16 @@ setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*']),
-    # The trained table-top policy ships inside the Python package, so an editable install
-    # (the source tree) and a colcon install (site-packages) find it at the same place
-    # relative to vla_policy_node.sim: see vla_policy_node/sim/__init__.py.
-    package_data={f'{PACKAGE}.sim': ['touch_policy/*.json', 'touch_policy/*.safetensors',
-                                     'touch_policy/*.png', 'touch_policy/vlm/*.json']},
+    # The trained policies and the SO-101's model ship inside the Python package, so an editable
+    # install (the source tree) and a colcon install (site-packages) find them at the same place
+    # relative to their module: see vla_policy_node/sim/__init__.py.
+    package_data={
+        f'{PACKAGE}.sim': ['touch_policy/*.json', 'touch_policy/*.safetensors',
+                           'touch_policy/*.png', 'touch_policy/vlm/*.json'],
+        f'{PACKAGE}.sim.so101': ['touch_policy/*.json', 'touch_policy/*.safetensors', 'touch_policy/*.png',
+                                 'touch_policy/vlm/*.json', 'assets/*.xml', 'assets/*.md', 'assets/LICENSE',
+                                 'assets/meshes/*.stl'],
+    },
     data_files=[
         ('share/doc/' + PACKAGE, ['LICENSE']),
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),

@@ -2,10 +2,11 @@
 """
 vla_policy_server(s) and N simulated arms, each with its own vla_policy_node (inference remote).
 
-Robot ``i`` lives in namespace ``/robot<i>``: its simulated table-top arm
-(``vla_policy_sim_robot``) and its policy node talk on relative topics there; every policy node
-sends its chunk requests to a server, which serves the shipped table-top policy (as
-``sim_demo.launch.py`` does for one robot) in batches. Launch arguments: robots (N, default 2),
+Robot ``i`` lives in namespace ``/robot<i>``: its simulated arm (``vla_policy_sim_robot``) and
+its policy node talk on relative topics there; every policy node sends its chunk requests to a
+server, which serves the arm's shipped policy (as ``sim_demo.launch.py`` does for one robot) in
+batches. Launch arguments: robot (``so101``, the SO-101 in MuJoCo with default.yaml, so101.yaml
+and demo.yaml; ``planar``, the numpy test arm with planar.yaml), robots (N, default 2),
 servers (default 1: ``/vla_policy_server``; server i > 1 is ``/server<i>/vla_policy_server``, every
 robot has them all in its pool and the fleet splits across the live ones), device (the
 servers'; ``cuda`` with several servers puts server i on ``cuda:<i-1>``), batch_window
@@ -14,7 +15,7 @@ which is the default), episodes (per arm; 0: until Ctrl-C). For example::
 
     ros2 launch vla_policy_node multi_robot.launch.py robots:=4 device:=cuda episodes:=5
 
-demo.yaml's sections are keyed ``/**/<node name>``, so every namespace's nodes read the file. The
+The files' sections are keyed ``/**`` or ``/**/<node name>``, so every namespace's nodes read them. The
 simulated arm publishes ``/joint_states``; it is remapped into the robot's namespace. With
 episodes, the launch ends once every arm has printed its success rate, after the combined one
 (``combined success rate: 7/10 = 70% over 2 robots``). When the server exits (a checkpoint that
@@ -35,19 +36,54 @@ import yaml
 
 from vla_policy_node.ros.launch_parameters import LaunchParameters
 from vla_policy_node.ros.sim.robot import parse_success_rate, success_rate
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim import PLANAR_CHECKPOINT
+from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT as SO101_CHECKPOINT
+
+# Per simulated robot: the policy nodes' parameter files in order (the last one is also the
+# arm's), and the shipped policy the servers load.
+SETUPS = {'so101': (('default.yaml', 'so101.yaml', 'demo.yaml'), SO101_CHECKPOINT),
+          'planar': (('default.yaml', 'planar.yaml'), PLANAR_CHECKPOINT)}
 
 
-def config_files() -> tuple[str, str]:
-    """Return the paths of default.yaml and demo.yaml."""
+def config_files(robot: str) -> list[str]:
+    """Return the paths of the policy nodes' parameter files for ``robot``."""
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
-    return os.path.join(config, 'default.yaml'), os.path.join(config, 'demo.yaml')
+    return [os.path.join(config, name) for name in SETUPS[robot][0]]
 
 
 def shipped_chunk_size() -> int:
-    """Return the chunk size of the shipped policy: the most actions a robot can use per chunk."""
-    with open(os.path.join(SHIPPED_CHECKPOINT, 'config.json')) as f:
-        return int(json.load(f)['chunk_size'])
+    """Return the chunk size of the shipped policies: the most actions a robot can use per chunk."""
+    sizes = set()
+    for _, checkpoint in SETUPS.values():
+        with open(os.path.join(checkpoint, 'config.json')) as f:
+            sizes.add(int(json.load(f)['chunk_size']))
+    return min(sizes)
+
+
+def merged(base: dict, more: dict) -> dict:
+    """``more`` over ``base``, nested dictionaries merged key by key (as later parameter files are)."""
+    out = dict(base)
+    for key, value in more.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def policy_section(files: list[str]) -> dict:
+    """Merge the policy node's parameters of ``files`` after the first, in order (what the servers need)."""
+    params: dict = {}
+    for path in files[1:]:
+        with open(path) as f:
+            sections = yaml.safe_load(f)
+        for key in ('/**', '/**/vla_policy_node'):
+            params = merged(params, sections.get(key, {}).get('ros__parameters', {}))
+    return params
+
+
+def robot_kind(context: LaunchContext) -> str:
+    kind = LaunchConfiguration('robot').perform(context)
+    if kind not in SETUPS:
+        raise ValueError(f"robot:={kind} is not one of {', '.join(SETUPS)}")
+    return kind
 
 
 class Tally:
@@ -86,7 +122,7 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
     """Return a simulated arm and a remote-inference policy node per robot namespace."""
     count = int(LaunchConfiguration('robots').perform(context))
     episodes = int(LaunchConfiguration('episodes').perform(context))
-    default, demo = config_files()
+    files_of_node = config_files(robot_kind(context))
     horizon = int(LaunchConfiguration('horizon').perform(context))
     tally = Tally(count)
     pool = server_names(int(LaunchConfiguration('servers').perform(context)))
@@ -96,7 +132,7 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
         namespace = f'robot{index}'
         arm = Node(package='vla_policy_node', executable='vla_policy_sim_robot',
                    name='vla_policy_sim_robot', namespace=namespace, output='screen',
-                   parameters=[demo, files.file(namespace, 'vla_policy_sim_robot', {
+                   parameters=[files_of_node[-1], files.file(namespace, 'vla_policy_sim_robot', {
                        'policy_node': f'/{namespace}/vla_policy_node', 'episodes': episodes, 'seed': index})],
                    remappings=[('/joint_states', 'joint_states')])
         entities.append(arm)
@@ -109,7 +145,7 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
         entities.append(Node(
             package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
             namespace=namespace, output='screen', emulate_tty=True,
-            parameters=[default, demo, files.file(namespace, 'vla_policy_node', {
+            parameters=[*files_of_node, files.file(namespace, 'vla_policy_node', {
                 'inference': 'remote', 'remote.server': pool[0], **more,
                 'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
     return entities
@@ -117,9 +153,9 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
 
 def server(context: LaunchContext, files: LaunchParameters) -> list:
     """Return the policy servers; the launch shuts down when one exits."""
-    default, demo = config_files()
-    with open(demo) as f:            # the policy node's section, for the server's node name
-        node_params = yaml.safe_load(f)['/**/vla_policy_node']['ros__parameters']
+    kind = robot_kind(context)
+    default, *_ = files_of_node = config_files(kind)
+    node_params = policy_section(files_of_node)      # cameras, joints, units: for the server's node name
     device = LaunchConfiguration('device').perform(context)
     names = server_names(int(LaunchConfiguration('servers').perform(context)))
     entities = []
@@ -128,7 +164,7 @@ def server(context: LaunchContext, files: LaunchParameters) -> list:
         node = Node(package='vla_policy_node', executable='vla_policy_server', name='vla_policy_server',
                     namespace=namespace, output='screen', emulate_tty=True,
                     parameters=[default, files.file(namespace, 'vla_policy_server', {
-                        **node_params, 'checkpoint': str(SHIPPED_CHECKPOINT),
+                        **node_params, 'checkpoint': str(SETUPS[kind][1]),
                         'device': f'cuda:{index}' if device == 'cuda' and len(names) > 1 else device,
                         'batch.window': float(LaunchConfiguration('batch_window').perform(context))})])
         entities += [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=[
@@ -140,6 +176,8 @@ def generate_launch_description() -> LaunchDescription:
     """Declare the arguments, then start the server and the robots (their parameter files in one folder)."""
     files = LaunchParameters()
     return LaunchDescription([
+        DeclareLaunchArgument('robot', default_value='so101',
+                              description='The simulated arm: so101 (MuJoCo) or planar (the numpy test arm).'),
         DeclareLaunchArgument('robots', default_value='2', description='Number of robots.'),
         DeclareLaunchArgument('servers', default_value='1',
                               description='Number of policy servers sharing the robots (one per GPU).'),

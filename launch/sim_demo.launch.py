@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-The table-top demo in a colcon workspace: the node with the shipped policy and the simulated arm.
+The demo in a colcon workspace: the node with the shipped policy and the simulated SO-101.
 
     ros2 launch vla_policy_node sim_demo.launch.py episodes:=20
 
-The checkpoint ships inside the Python package (vla_policy_node/sim/touch_policy), so its
+The node reads default.yaml, so101.yaml and demo.yaml, as ``make demo`` does. The
+checkpoint ships inside the Python package (vla_policy_node/sim/so101/touch_policy), so its
 folder is taken from the installed module rather than from share/.
 """
 
@@ -18,18 +19,18 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from vla_policy_node.ros.launch_parameters import LaunchParameters
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT
 
 
 def _processes(context: LaunchContext) -> list:
-    """Start the node (default.yaml, demo.yaml, checkpoint) and the robot; the launch ends with either."""
+    """Start the node (default.yaml, so101.yaml, demo.yaml, checkpoint) and the robot; the launch ends with either."""
     config = os.path.join(get_package_share_directory('vla_policy_node'), 'config')
     demo = os.path.join(config, 'demo.yaml')
     files = LaunchParameters()
     node = Node(
         package='vla_policy_node', executable='vla_policy_node', name='vla_policy_node',
         output='screen', emulate_tty=True,
-        parameters=[os.path.join(config, 'default.yaml'), demo,
+        parameters=[os.path.join(config, 'default.yaml'), os.path.join(config, 'so101.yaml'), demo,
                     files.file('', 'vla_policy_node', {'checkpoint': str(SHIPPED_CHECKPOINT)})])
     episodes = int(LaunchConfiguration('episodes').perform(context))
     robot = Node(

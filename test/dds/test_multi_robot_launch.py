@@ -50,18 +50,21 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     context.launch_configurations['robots'] = '3'
     nodes = [e for e in module.robots(context, files) if hasattr(e, 'node_executable')]
     assert [n.node_executable for n in nodes] == ['vla_policy_sim_robot', 'vla_policy_node'] * 3
-    default, demo = (str(ROOT / 'config' / name) for name in ('default.yaml', 'demo.yaml'))
+    default, so101, demo = (str(ROOT / 'config' / name) for name in ('default.yaml', 'so101.yaml', 'demo.yaml'))
     for node in nodes[1::2]:
         before, values = given(node)
-        assert before == [default, demo]            # demo.yaml's /**/vla_policy_node section, per namespace
+        assert before == [default, so101, demo]     # the SO-101's files, keyed /** and /**/vla_policy_node
         assert values == {'inference': 'remote', 'remote.server': '/vla_policy_server',
                           'chunking.horizon': module.shipped_chunk_size(), 'joint_states_topic': 'joint_states'}
     for index, arm in enumerate(nodes[0::2], start=1):
         before, values = given(arm)
         assert before == [demo] and values['policy_node'] == f'/robot{index}/vla_policy_node'
-    from vla_policy_node.sim import SHIPPED_CHECKPOINT
+    from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT
     _, server = given(servers[0])
     assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.0
+    # so101.yaml then demo.yaml, merged: the server sees the simulation's one raw camera and the joint units.
+    assert server['camera_names'] == ['front'] and server['camera_transports'] == ['raw']
+    assert server['joint_units']['scale'][0] == 57.30977
     assert context.launch_configurations['horizon'] == str(module.shipped_chunk_size())
     from vla_policy_node.ament_registration import EXECUTABLES      # setup.py's console scripts
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'

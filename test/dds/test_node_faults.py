@@ -347,7 +347,7 @@ def test_a_command_line_rcl_refuses_ends_in_the_nodes_line(tmp_path, case, args,
 def test_the_simulated_robot_ends_on_sigterm_with_its_summary_not_a_traceback():
     robot = subprocess.Popen(
         [str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',
-         str(ROOT / 'config' / 'demo.yaml'), '-p', 'episodes:=1'],
+         str(ROOT / 'config' / 'planar.yaml'), '-p', 'episodes:=1'],
         env=ros_env(next_domain_id()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert wait_until(lambda: _catches_sigterm(robot.pid), 30.0), 'rclpy never installed its handlers'

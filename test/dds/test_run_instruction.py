@@ -2,7 +2,7 @@
 """
 The RunInstruction action against the simulated robot: success, time-out, cancel (a hold), preemption.
 
-The installed node runs the shipped policy (demo.yaml); the simulated arm runs ``goal_driven``:
+The installed node runs the shipped policy (planar.yaml); the simulated arm runs ``goal_driven``:
 one layout, whose task it prints, and ``task_success`` while the tip touches the named block.
 An action client of the test sends the goals. A goal naming another block than the layout's
 never succeeds, so it runs until it is cancelled, preempted or timed out; the last test sends
@@ -24,10 +24,10 @@ from trajectory_msgs.msg import JointTrajectory
 from vla_policy_interfaces.action import RunInstruction
 
 from vla_policy_node.ros.qos import COMMAND_QOS
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim import PLANAR_CHECKPOINT
 
 pytestmark = pytest.mark.dds
-DEMO = DEFAULT_CONFIG.parent / 'demo.yaml'
+DEMO = DEFAULT_CONFIG.parent / 'planar.yaml'
 Result = RunInstruction.Result
 COLOURS = ('red', 'green', 'blue')
 
@@ -75,7 +75,7 @@ def system():
     """Start the node and the goal-driven arm; yield (client, the layout's task)."""
     env = ros_env(next_domain_id())
     node = subprocess.Popen([str(installed_executable()), '--ros-args', '--params-file', str(DEFAULT_CONFIG),
-                             '--params-file', str(DEMO), '-p', f'checkpoint:={SHIPPED_CHECKPOINT}'],
+                             '--params-file', str(DEMO), '-p', f'checkpoint:={PLANAR_CHECKPOINT}'],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     robot = subprocess.Popen([str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',
                               str(DEMO), '-p', 'goal_driven:=true', '-p', 'episodes:=0'],

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-The trained table-top policy that ships in the package.
+The planar test arm's trained policy that ships in the package.
 
 Its files, load_policy, and closed-loop episodes without ROS and through the installed node
 over DDS.
@@ -18,11 +18,11 @@ from ros_harness import DEFAULT_CONFIG, NodeProcess, next_domain_id, ros_env
 
 from vla_policy_node.loading import load_policy
 from vla_policy_node.ros.sim.robot import EpisodeReport, format_report, SimRobot
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim import PLANAR_CHECKPOINT
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
 
-DEMO_CONFIG = DEFAULT_CONFIG.parent / 'demo.yaml'
+DEMO_CONFIG = DEFAULT_CONFIG.parent / 'planar.yaml'
 LEROBOT_FILES = ('config.json', 'model.safetensors', 'policy_preprocessor.json', 'policy_postprocessor.json',
                  'policy_preprocessor_step_5_normalizer_processor.safetensors',
                  'policy_postprocessor_step_0_unnormalizer_processor.safetensors',
@@ -31,17 +31,17 @@ LEROBOT_FILES = ('config.json', 'model.safetensors', 'policy_preprocessor.json',
 
 def test_shipped_checkpoint_has_lerobots_layout_and_is_small():
     for name in LEROBOT_FILES:
-        assert (SHIPPED_CHECKPOINT / name).is_file(), name
-    size = sum(p.stat().st_size for p in SHIPPED_CHECKPOINT.rglob('*') if p.is_file())
+        assert (PLANAR_CHECKPOINT / name).is_file(), name
+    size = sum(p.stat().st_size for p in PLANAR_CHECKPOINT.rglob('*') if p.is_file())
     assert size <= 10 * 2**20
-    config = json.loads((SHIPPED_CHECKPOINT / 'config.json').read_text())
-    settings = json.loads((SHIPPED_CHECKPOINT / 'vla_policy_node.json').read_text())
+    config = json.loads((PLANAR_CHECKPOINT / 'config.json').read_text())
+    settings = json.loads((PLANAR_CHECKPOINT / 'vla_policy_node.json').read_text())
     assert config['type'] == 'smolvla' and 'joint_names' not in config       # LeRobot refuses unknown fields
     assert settings['joint_names'] == ['shoulder', 'elbow', 'wrist']
 
 
 def test_shipped_checkpoint_loads_through_load_policy():
-    policy = load_policy(SHIPPED_CHECKPOINT, device='cpu')
+    policy = load_policy(PLANAR_CHECKPOINT, device='cpu')
     assert policy.family == 'smolvla'
     assert policy.camera_names == ('observation.images.top',)
     assert (policy.state_dim, policy.action_dim, policy.chunk_size) == (3, 3, 10)
@@ -50,7 +50,7 @@ def test_shipped_checkpoint_loads_through_load_policy():
 
 
 def test_shipped_policy_succeeds_without_ros():
-    policy = load_policy(SHIPPED_CHECKPOINT, device='cpu')
+    policy = load_policy(PLANAR_CHECKPOINT, device='cpu')
     results = evaluate(TouchEnv(), policy_chunk_fn(policy), episodes=10, seed=7, execute=5)
     # 90% over 50 episodes and 10/10 on these (BENCHMARKS.md); random weights reach 14-18%.
     assert success_rate(results) >= 0.8, results
@@ -58,17 +58,17 @@ def test_shipped_policy_succeeds_without_ros():
 
 @pytest.mark.dds
 def test_closed_loop_episodes_through_the_node_succeed(monkeypatch):
-    """The installed node (demo.yaml, shipped checkpoint) drives the simulated robot over DDS."""
+    """The installed node (planar.yaml, shipped checkpoint) drives the simulated robot over DDS."""
     domain_id = next_domain_id()
     for key, value in ros_env(domain_id).items():
         if key.startswith('ROS_'):
             monkeypatch.setenv(key, value)
     node = NodeProcess([DEFAULT_CONFIG, DEMO_CONFIG], domain_id,
-                       extra_args=('-p', f'checkpoint:={SHIPPED_CHECKPOINT}'))
+                       extra_args=('-p', f'checkpoint:={PLANAR_CHECKPOINT}'))
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=domain_id)
-    robot = SimRobot(context=context, parameter_overrides=[
-        Parameter('episodes', value=6), Parameter('seed', value=11)])
+    robot = SimRobot(context=context, cli_args=['--ros-args', '--params-file', str(DEMO_CONFIG)],
+                     parameter_overrides=[Parameter('episodes', value=6), Parameter('seed', value=11)])
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(robot)
     try:

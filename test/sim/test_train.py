@@ -16,7 +16,7 @@ from vla_policy_node.model.tokenizer import TextTokenizer
 from vla_policy_node.loading import load_policy
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.train import data_parallel, export
-from vla_policy_node.train.cli import main as train_main, policy_configs, TrainConfig, VOCABULARY
+from vla_policy_node.train.cli import main as train_main, mean_std, policy_configs, TrainConfig, VOCABULARY
 from vla_policy_node.train.demonstrations import collect
 from vla_policy_node.train.flow_matching import flow_matching_loss, sample_noise, sample_time
 
@@ -25,7 +25,7 @@ def small_model(tmp_path, seed=0):
     """Build the shipped architecture with random weights and save it as a checkpoint in tmp_path."""
     env = TouchEnv()
     tokenizer = export.word_tokenizer(VOCABULARY)
-    config, vlm = policy_configs(TrainConfig(), env, tokenizer.get_vocab_size())
+    config, vlm = policy_configs(TrainConfig(robot='planar'), env, tokenizer.get_vocab_size())
     model = SmolVLA(SmolVLAConfig.from_lerobot(config, vlm))
     init_weights(model, torch.Generator().manual_seed(seed))
     stats = {'mean': np.array([1.0, 0.5, -0.2], np.float32), 'std': np.array([0.8, 1.1, 0.6], np.float32)}
@@ -151,3 +151,20 @@ def test_the_training_command_with_two_workers_writes_a_checkpoint_that_loads(tm
     summary = json.loads((tmp_path / 'policy' / 'train_summary.json').read_text())
     assert summary['config']['workers'] == 2 and summary['threads'] == 1
     assert load_policy(tmp_path / 'policy', device='cpu').family == 'smolvla'
+
+
+def shard_statistics(worker: data_parallel.Worker, folder) -> None:
+    """One worker's share: shards of unequal size, as the episodes' lengths make them."""
+    shard = np.random.default_rng(worker.rank).normal(size=(50 + 30 * worker.rank, 4))
+    stats = mean_std(shard, worker)
+    np.save(folder / f'stats{worker.rank}.npy', np.stack([stats['mean'], stats['std']]))
+
+
+def test_normalization_statistics_pool_every_workers_demonstrations(tmp_path):
+    """Each worker records its own share; both normalize with the statistics of all of them."""
+    data_parallel.run(shard_statistics, 2, tmp_path)
+    whole = np.concatenate([np.random.default_rng(rank).normal(size=(50 + 30 * rank, 4)) for rank in (0, 1)])
+    for rank in (0, 1):
+        mean, std = np.load(tmp_path / f'stats{rank}.npy')
+        np.testing.assert_allclose(mean, whole.mean(0), atol=1e-6)
+        np.testing.assert_allclose(std, whole.std(0), atol=1e-6)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from vla_policy_node.model.families.smolvla import SmolVLA, SmolVLAConfig  # noqa: E402
 from vla_policy_node.loading.load import init_weights  # noqa: E402
 from vla_policy_node.loading import load_policy  # noqa: E402
-from vla_policy_node.sim import SHIPPED_CHECKPOINT  # noqa: E402
+from vla_policy_node.sim import PLANAR_CHECKPOINT  # noqa: E402
 from vla_policy_node.train import export  # noqa: E402
 
 
@@ -115,14 +115,14 @@ def main() -> int:
         if generation not in pythons:
             continue
         demo = args.work / f"demo_{generation}"
-        export.export_checkpoint(SHIPPED_CHECKPOINT, demo, generation)
+        export.export_checkpoint(PLANAR_CHECKPOINT, demo, generation)
         tiny = args.work / f"tiny_{generation}"
         model, config, vlm, tokenizer, stats, action_stats = tiny_parts(seed=3)
         export.save_checkpoint(tiny, model, config, vlm, tokenizer, stats, action_stats, generation)
         checkpoints = [("demo", demo), ("tiny", tiny)]
-        shipped = json.loads((SHIPPED_CHECKPOINT / export.SETTINGS_FILE).read_text()).get("lerobot_version")
+        shipped = json.loads((PLANAR_CHECKPOINT / export.SETTINGS_FILE).read_text()).get("lerobot_version")
         if shipped == generation:
-            checkpoints.insert(0, ("shipped", SHIPPED_CHECKPOINT))    # the files in the package, as they are
+            checkpoints.insert(0, ("shipped", PLANAR_CHECKPOINT))    # the files in the package, as they are
         for name, folder in checkpoints:
             obs, noise = write_inputs(folder, args.work / f"{name}_{generation}_inputs.safetensors", seed=5)
             policy = load_policy(folder, device="cpu")

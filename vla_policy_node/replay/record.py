@@ -2,7 +2,7 @@
 r"""
 vla-policy-record: record the node's inputs, commands and diagnostics to a rosbag2 bag (MCAP).
 
-    vla-policy-record BAG --params-file config/default.yaml --params-file config/demo.yaml \\
+    vla-policy-record BAG --params-file config/default.yaml --params-file config/planar.yaml \\
         [--duration SECONDS] [--ros-args -r __ns:=/arm]
 
 The parameter files are the node's: they name the topics it reads (its cameras, raw or

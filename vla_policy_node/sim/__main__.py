@@ -1,20 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m vla_policy_node.sim checkpoint``: print the shipped checkpoint's folder."""
+"""``python -m vla_policy_node.sim checkpoint [so101|planar]``: print a shipped checkpoint's folder (default so101)."""
 
 import sys
 
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
+from vla_policy_node.sim import PLANAR_CHECKPOINT
+from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT as SO101_CHECKPOINT
+
+CHECKPOINTS = {"so101": SO101_CHECKPOINT, "planar": PLANAR_CHECKPOINT}
 
 
 def main(argv: list[str]) -> int:
     """Print the folder, or say how to call this."""
-    if argv != ["checkpoint"]:
-        print("usage: python -m vla_policy_node.sim checkpoint", file=sys.stderr)
+    if not argv or argv[0] != "checkpoint" or len(argv) > 2 or (len(argv) == 2 and argv[1] not in CHECKPOINTS):
+        print("usage: python -m vla_policy_node.sim checkpoint [so101|planar]", file=sys.stderr)
         return 2
-    if not (SHIPPED_CHECKPOINT / "config.json").is_file():
-        print(f"the shipped checkpoint is missing at {SHIPPED_CHECKPOINT}", file=sys.stderr)
+    folder = CHECKPOINTS[argv[1] if len(argv) == 2 else "so101"]
+    if not (folder / "config.json").is_file():
+        print(f"the shipped checkpoint is missing at {folder}", file=sys.stderr)
         return 1
-    print(SHIPPED_CHECKPOINT)
+    print(folder)
     return 0
 
 

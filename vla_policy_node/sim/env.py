@@ -16,6 +16,7 @@ import numpy as np
 
 from vla_policy_node.sim.arm import JOINT_NAMES, PlanarArm
 from vla_policy_node.sim.camera import TopCamera
+from vla_policy_node.sim.expert import ScriptedExpert
 from vla_policy_node.sim.task import Scene, TaskConfig, sample_scene, touched
 
 CAMERA_NAME = "top"
@@ -31,6 +32,7 @@ class TouchEnv:
     dt: float = 0.05                     # s per control tick (20 Hz)
     max_steps: int = 100
     joint_names: tuple[str, ...] = JOINT_NAMES
+    camera_name: str = CAMERA_NAME
 
     def __post_init__(self) -> None:
         if len(self.joint_names) != self.arm.num_joints:
@@ -39,6 +41,26 @@ class TouchEnv:
         self.q = np.zeros(self.arm.num_joints)
         self.steps = 0
         self.success = False
+
+    @property
+    def num_joints(self) -> int:
+        return self.arm.num_joints
+
+    @property
+    def image_size(self) -> int:
+        return max(self.camera.height, self.camera.width)
+
+    def expert(self) -> ScriptedExpert:
+        return ScriptedExpert(self.arm, self.dt)
+
+    @staticmethod
+    def to_policy(q: np.ndarray) -> np.ndarray:
+        """Joint positions -> the policy's units: the same here (radians)."""
+        return np.asarray(q, dtype=np.float64)
+
+    @staticmethod
+    def from_policy(a: np.ndarray) -> np.ndarray:
+        return np.asarray(a, dtype=np.float64)
 
     def reset(self, rng: np.random.Generator, keep_pose: bool = False) -> dict:
         """Start an episode on a new layout; ``keep_pose`` starts from where the arm is (no teleport)."""
@@ -57,8 +79,10 @@ class TouchEnv:
         self.success = False
         return self.observation()
 
-    def move_toward(self, target: np.ndarray, seconds: float) -> None:
-        """Drive the joints toward ``target`` for ``seconds`` at the motors' maximum velocity."""
+    def drive(self, target: np.ndarray | None, seconds: float) -> None:
+        """Drive the joints toward ``target`` for ``seconds`` at the motors' maximum velocity (None: hold)."""
+        if target is None:
+            return
         target = self.arm.clip(np.asarray(target, dtype=np.float64))
         limit = self.arm.max_velocity * seconds
         self.q = self.arm.clip(self.q + np.clip(target - self.q, -limit, limit))
@@ -68,7 +92,7 @@ class TouchEnv:
         action = np.asarray(action, dtype=np.float64)
         if action.shape != (self.arm.num_joints,) or not np.all(np.isfinite(action)):
             raise ValueError(f"action must be {self.arm.num_joints} finite joint positions, got {action}")
-        self.move_toward(action, self.dt)
+        self.drive(action, self.dt)
         self.steps += 1
         self.success = self.success or self.is_touching()
         return self.observation(), self.success, self.success or self.steps >= self.max_steps
@@ -83,7 +107,7 @@ class TouchEnv:
     def observation(self) -> dict:
         """Return what the policy gets: the camera image, the joint positions and the instruction."""
         scene = self._scene()
-        return {"images": {CAMERA_NAME: self.render()}, "state": self.q.astype(np.float32),
+        return {"images": {self.camera_name: self.render()}, "state": self.q.astype(np.float32),
                 "task": scene.instruction}
 
     def _scene(self) -> Scene:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-Closed-loop episodes without ROS: a policy drives ``TouchEnv`` directly.
+Closed-loop episodes without ROS: a policy drives a simulated robot (``sim.robots``) directly.
 
 The loop does what the node does at ``chunking.refill_threshold`` r with no inference
 delay: predict a chunk, execute its first ``(1 - r) * chunk`` actions, predict again.
@@ -15,10 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from vla_policy_node.sim.env import TouchEnv
-
 ChunkFn = Callable[[dict], np.ndarray]
-"""observation -> actions (chunk, J) in joint positions."""
+"""observation -> actions (chunk, J) in joint positions, both in the robot's units (radians)."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,7 @@ class EpisodeResult:
     latency_ms: float          # mean time of one chunk prediction
 
 
-def run_episode(env: TouchEnv, chunk_fn: ChunkFn, execute: int, rng: np.random.Generator,
+def run_episode(env, chunk_fn: ChunkFn, execute: int, rng: np.random.Generator,
                 instruction: Optional[str] = None) -> EpisodeResult:
     """One episode on a new layout, from where the arm is; ``instruction`` replaces the scene's."""
     if execute < 1:
@@ -52,7 +50,7 @@ def run_episode(env: TouchEnv, chunk_fn: ChunkFn, execute: int, rng: np.random.G
     return EpisodeResult(task, bool(success), env.steps, 1e3 * float(np.mean(latencies)))
 
 
-def evaluate(env: TouchEnv, chunk_fn: ChunkFn, episodes: int, seed: int, execute: int,
+def evaluate(env, chunk_fn: ChunkFn, episodes: int, seed: int, execute: int,
              instruction: Optional[str] = None,
              report: Optional[Callable[[int, EpisodeResult], None]] = None) -> list[EpisodeResult]:
     """
@@ -72,9 +70,20 @@ def evaluate(env: TouchEnv, chunk_fn: ChunkFn, episodes: int, seed: int, execute
     return results
 
 
-def policy_chunk_fn(policy) -> ChunkFn:
-    """Adapt a loaded ``Policy`` (batch 1) to a ``ChunkFn``."""
-    return lambda obs: policy.predict_action_chunk(obs)[0]
+def policy_chunk_fn(policy, env=None) -> ChunkFn:
+    """
+    Adapt a loaded ``Policy`` (batch 1) to a ``ChunkFn``.
+
+    With ``env``, the state goes to the policy in its units (``env.to_policy``) and the
+    actions come back in the robot's (``env.from_policy``), as the node's joint_units do.
+    """
+    if env is None:
+        return lambda obs: policy.predict_action_chunk(obs)[0]
+
+    def chunk(obs: dict) -> np.ndarray:
+        state = env.to_policy(obs["state"]).astype(np.float32)
+        return env.from_policy(policy.predict_action_chunk({**obs, "state": state})[0])
+    return chunk
 
 
 def success_rate(results: list[EpisodeResult]) -> float:

@@ -2,10 +2,11 @@
 """
 vla-policy-train: train the shipped table-top policy from scripted demonstrations, on a CPU.
 
-    vla-policy-train --output /tmp/touch_policy            # the shipped policy: about 14 minutes on 2 cores
+    vla-policy-train --output /tmp/touch_policy            # the shipped SO-101 policy: about 19 minutes on 2 cores
     vla-policy-train --output /tmp/quick --steps 200 --episodes 100   # a smoke run
     vla-policy-train --output /tmp/p06 --lerobot-version 0.6          # for LeRobot 0.6.x
-    vla-policy-train --export-from vla_policy_node/sim/touch_policy --output /tmp/touch06 --lerobot-version 0.6
+    vla-policy-train --export-from vla_policy_node/sim/so101/touch_policy --output /tmp/touch06 --lerobot-version 0.6
+    vla-policy-train --robot planar --episodes 3000 --steps 10000 --output /tmp/planar   # the planar test arm's
 
 The network is the runtime's own SmolVLA at a small size (a 2-layer ViT, a 4-layer
 text model, a 4-layer action expert), trained from scratch with LeRobot's flow-matching
@@ -38,7 +39,7 @@ from vla_policy_node.loading.load import init_weights, load_policy
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.model.preprocessing import Preprocessor, newline_prompt, smolvla_image
 from vla_policy_node.model.tokenizer import TextTokenizer
-from vla_policy_node.sim.env import CAMERA_NAME, TouchEnv
+from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
 from vla_policy_node.sim.task import COLOURS
 from vla_policy_node.train import data_parallel, export
@@ -47,16 +48,18 @@ from vla_policy_node.train.demonstrations import Demonstrations, collect
 from vla_policy_node.train.flow_matching import flow_matching_loss, sample_noise, sample_time
 
 EVAL_SEED_OFFSET = 10_000        # evaluation layouts come from another seed than the demonstrations
-VOCABULARY = ["touch", "the", "block", *COLOURS, "a", "to", "go", "reach", "cube", "square"]
+SHARD_SEED_STEP = 7_919          # worker r records its demonstrations from seed + r * this
+VOCABULARY = ["touch", "the", "block", *COLOURS, "purple", "a", "to", "go", "reach", "cube", "square"]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides the trained weights (with the code)."""
 
+    robot: str = "so101"                  # the simulated robot (sim.robots): so101 or planar
     seed: int = 0
-    episodes: int = 3000
-    steps: int = 10000
+    episodes: int = 1200
+    steps: int = 6000
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 300
@@ -73,31 +76,32 @@ class TrainConfig:
         for name in ("episodes", "steps", "batch_size", "chunk_size", "num_steps", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.robot not in ROBOTS:
+            raise ValueError(f"robot must be one of {', '.join(ROBOTS)}, got {self.robot!r}")
         if self.batch_size % self.workers:
             raise ValueError(f"batch_size {self.batch_size} does not split over {self.workers} workers")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-def policy_configs(cfg: TrainConfig, env: TouchEnv, vocab_size: int) -> tuple[dict, dict]:
-    """Return LeRobot's config.json and the backbone's config.json for the small model."""
-    joints = env.arm.num_joints
-    h, w = env.camera.height, env.camera.width
-    side = max(h, w)
+def policy_configs(cfg: TrainConfig, env, vocab_size: int) -> tuple[dict, dict]:
+    """Return LeRobot's config.json and the backbone's config.json for the small model (8x8 patches)."""
+    joints = env.num_joints
+    h = w = side = env.image_size
     vlm = {
         "model_type": "smolvlm", "scale_factor": 2, "vocab_size": vocab_size,
         "text_config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                         "head_dim": 16, "rms_norm_eps": 1e-5, "vocab_size": vocab_size},
         "vision_config": {"model_type": "smolvlm_vision", "hidden_size": 64, "intermediate_size": 128,
-                          "num_hidden_layers": 2, "num_attention_heads": 4, "patch_size": 6,
+                          "num_hidden_layers": 2, "num_attention_heads": 4, "patch_size": side // 8,
                           "image_size": side, "layer_norm_eps": 1e-6},
     }
     config = {
         "type": "smolvla", "n_obs_steps": 1,
         "input_features": {
             "observation.state": {"type": "STATE", "shape": [joints]},
-            f"observation.images.{CAMERA_NAME}": {"type": "VISUAL", "shape": [3, h, w]},
+            f"observation.images.{env.camera_name}": {"type": "VISUAL", "shape": [3, h, w]},
         },
         "output_features": {"action": {"type": "ACTION", "shape": [joints]}},
         "device": "cpu", "chunk_size": cfg.chunk_size, "n_action_steps": cfg.chunk_size,
@@ -116,9 +120,15 @@ def policy_configs(cfg: TrainConfig, env: TouchEnv, vocab_size: int) -> tuple[di
     return config, vlm
 
 
-def mean_std(x: np.ndarray) -> dict[str, np.ndarray]:
+def mean_std(x: np.ndarray, worker: Worker = Worker()) -> dict[str, np.ndarray]:
+    """Mean and standard deviation per last-axis feature, over every worker's shard of ``x``."""
     flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
-    return {"mean": flat.mean(0).astype(np.float32), "std": flat.std(0).astype(np.float32)}
+    sums = data_parallel.pooled_sums(np.concatenate([flat.sum(0), (flat ** 2).sum(0), [len(flat)]]), worker)
+    features = flat.shape[1]
+    count = sums[-1]
+    mean = sums[:features] / count
+    std = np.sqrt(np.maximum(sums[features:2 * features] / count - mean ** 2, 0.0))
+    return {"mean": mean.astype(np.float32), "std": std.astype(np.float32)}
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -136,8 +146,9 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
 
     Returns the summary.
 
-    With several workers each one runs this, on the same demonstrations (same seed) with its
-    own batches and noise; rank 0 alone writes files and returns the summary (the others {}).
+    With several workers each one runs this: each records its share of the demonstrations
+    (its own seed) and draws its batches from them, the normalization statistics are pooled
+    over all shares; rank 0 alone writes files and returns the summary (the others {}).
     """
     if worker.world != cfg.workers:
         raise ValueError(f"the config is for {cfg.workers} workers, this is one of {worker.world} "
@@ -145,8 +156,10 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
     started = time.monotonic()
     torch.manual_seed(cfg.seed + 1_000_003 * worker.rank)
     progress = progress and worker.leader
-    env = TouchEnv()
-    demos = collect(env, cfg.episodes, cfg.chunk_size, cfg.seed, progress=progress)
+    env = make_env(cfg.robot)
+    share = cfg.episodes // cfg.workers + (worker.rank < cfg.episodes % cfg.workers)
+    demos = collect(env, share, cfg.chunk_size, cfg.seed + SHARD_SEED_STEP * worker.rank, progress=progress)
+    samples = int(data_parallel.pooled_sums(np.array([len(demos)]), worker)[0])
     tokenizer = export.word_tokenizer(VOCABULARY)
     config, vlm = policy_configs(cfg, env, tokenizer.get_vocab_size())
     model_cfg = SmolVLAConfig.from_lerobot(config, vlm)
@@ -158,7 +171,7 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
         state_stats, action_stats = saved.state_stats, saved.action_stats
         export.copy_trained_weights(saved, model)
     else:
-        state_stats, action_stats = mean_std(demos.states), mean_std(demos.actions)
+        state_stats, action_stats = mean_std(demos.states, worker), mean_std(demos.actions, worker)
         init_weights(model, torch.Generator().manual_seed(cfg.seed))
     data_parallel.broadcast_parameters(model, worker)
     # The checkpoint's files exist from the start: the tokenizer is read back as inference reads it.
@@ -179,10 +192,10 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
     export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats, lerobot_version)
     train_seconds = time.monotonic() - started
     policy = load_policy(output, device="cpu")
-    results = evaluate(env, policy_chunk_fn(policy), cfg.eval_episodes, cfg.seed + EVAL_SEED_OFFSET,
+    results = evaluate(env, policy_chunk_fn(policy, env), cfg.eval_episodes, cfg.seed + EVAL_SEED_OFFSET,
                        execute=cfg.chunk_size // 2)
     summary = {
-        "config": asdict(cfg), "samples": len(demos), "parameters": sum(p.numel() for p in model.parameters()),
+        "config": asdict(cfg), "samples": samples, "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_seconds, 1), "threads": torch.get_num_threads(),
         "final_loss": float(np.mean(losses[-100:])), "eval_episodes": cfg.eval_episodes,
         "eval_success_rate": success_rate(results),
@@ -251,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-policy-train", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="checkpoint folder to write")
+    parser.add_argument("--robot", choices=ROBOTS, default=defaults.robot,
+                        help="the simulated robot: so101 (MuJoCo, the demo's) or planar (the numpy test arm)")
     helps = {"seed": "seed of the demonstrations, the initial weights and the batches",
              "episodes": "scripted demonstrations to record", "steps": "optimizer steps",
              "batch_size": "samples per step (split over the workers)", "warmup_steps": "learning-rate warm-up steps",
@@ -273,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_from is not None:
         return export_only(args.export_from, args.output, args.lerobot_version)
     try:
-        cfg = TrainConfig(seed=args.seed, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
-                          lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps),
+        cfg = TrainConfig(robot=args.robot, seed=args.seed, episodes=args.episodes, steps=args.steps,
+                          batch_size=args.batch_size, lr=args.lr, warmup_steps=min(args.warmup_steps, args.steps),
                           eval_episodes=args.eval_episodes, workers=args.workers,
                           init_from=str(args.init_from.resolve()) if args.init_from else "")
     except ValueError as error:

@@ -20,6 +20,7 @@ from pathlib import Path
 import tempfile
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -67,6 +68,15 @@ def broadcast_parameters(model: nn.Module, worker: Worker) -> None:
     if worker.world > 1:
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=0)
+
+
+def pooled_sums(values: np.ndarray, worker: Worker) -> np.ndarray:
+    """Return the sum of ``values`` (float64) over the workers: how shard statistics become global ones."""
+    if worker.world == 1:
+        return np.asarray(values, dtype=np.float64)
+    flat = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).clone()
+    dist.all_reduce(flat)
+    return flat.numpy()
 
 
 def average_gradients(parameters: Iterable[nn.Parameter], loss: Tensor, worker: Worker) -> float:

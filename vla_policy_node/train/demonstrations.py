@@ -22,27 +22,25 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tqdm import tqdm
 
-from vla_policy_node.sim.env import CAMERA_NAME, TouchEnv
-from vla_policy_node.sim.expert import ScriptedExpert
 from vla_policy_node.sim.task import INSTRUCTION, Scene
 
 
 @dataclass(frozen=True)
 class Demonstrations:
-    """N training samples."""
+    """N training samples, joints in the policy's units (the SO-101's: LeRobot's degrees, gripper 0..100)."""
 
-    images: np.ndarray            # (N, H, W, 3) uint8, the top camera
+    images: np.ndarray            # (N, H, W, 3) uint8, the camera
     states: np.ndarray            # (N, J) float32 joint positions
     actions: np.ndarray           # (N, chunk, J) float32 joint position targets
     instructions: tuple[str, ...]
     task_index: np.ndarray        # (N,) int, index into ``instructions``
-    camera: str = CAMERA_NAME
+    camera: str
 
     def __len__(self) -> int:
         return len(self.states)
 
 
-def expert_plan(expert: ScriptedExpert, scene: Scene, q: np.ndarray, chunk: int) -> np.ndarray:
+def expert_plan(expert, scene: Scene, q: np.ndarray, chunk: int) -> np.ndarray:
     """Return the expert's next ``chunk`` commands from joints ``q`` (its motors reach each one in a tick)."""
     plan = np.empty((chunk, len(q)))
     for i in range(chunk):
@@ -51,13 +49,13 @@ def expert_plan(expert: ScriptedExpert, scene: Scene, q: np.ndarray, chunk: int)
     return plan
 
 
-def collect(env: TouchEnv, episodes: int, chunk: int, seed: int, action_noise: float = 0.03,
+def collect(env, episodes: int, chunk: int, seed: int, action_noise: float = 0.03,
             hold_steps: int = 5, progress: bool = True) -> Demonstrations:
     """Run the expert for ``episodes`` episodes; record every step once per block, the executed one first."""
     if episodes < 1 or chunk < 1:
         raise ValueError(f"episodes and chunk must be >= 1, got {episodes}, {chunk}")
     rng = np.random.default_rng(seed)
-    expert = ScriptedExpert(env.arm, env.dt)
+    expert = env.expert()
     images, states, actions, tasks = [], [], [], []
     instructions: dict[str, int] = {}
     for episode in tqdm(range(episodes), desc="demonstrations", disable=not progress, unit="ep"):
@@ -68,13 +66,13 @@ def collect(env: TouchEnv, episodes: int, chunk: int, seed: int, action_noise: f
         while hold <= hold_steps and env.steps < env.max_steps:
             plans = [expert_plan(expert, target, env.q, chunk) for target in relabelled]
             for target, plan in zip(relabelled, plans):
-                images.append(obs["images"][CAMERA_NAME])
-                states.append(env.q.astype(np.float32))
-                actions.append(plan.astype(np.float32))
+                images.append(obs["images"][env.camera_name])
+                states.append(env.to_policy(env.q).astype(np.float32))
+                actions.append(env.to_policy(plan).astype(np.float32))
                 tasks.append(instructions.setdefault(INSTRUCTION.format(colour=target.target), len(instructions)))
             plan = plans[0]
             noisy = plan[0] + rng.normal(0.0, action_noise, plan[0].shape) * (hold == 0)
             obs, success, _ = env.step(noisy)
             hold += success
     return Demonstrations(np.stack(images), np.stack(states), np.stack(actions),
-                          tuple(sorted(instructions, key=instructions.get)), np.asarray(tasks))
+                          tuple(sorted(instructions, key=instructions.get)), np.asarray(tasks), env.camera_name)

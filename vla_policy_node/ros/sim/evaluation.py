@@ -2,15 +2,17 @@
 """
 vla-policy-sim-eval: success rate of a policy on the simulated table-top task, through the node and without ROS.
 
-    vla-policy-sim-eval --episodes 50 --seed 100                # the shipped checkpoint, both ways
+    vla-policy-sim-eval --episodes 50 --seed 100                # the shipped SO-101 checkpoint, both ways
     vla-policy-sim-eval --episodes 50 --instruction "touch the red block"   # instruction-blind baseline
     vla-policy-sim-eval --episodes 50 --random-weights          # same architecture, untrained weights
+    vla-policy-sim-eval --robot planar                          # the planar test arm and its policy
 
 Through the node: the installed ``vla_policy_node`` runs as a subprocess (config/default.yaml,
-then config/demo.yaml, then the checkpoint) and this process runs the simulated robot
-(``ros.sim.robot``) on the same ROS_DOMAIN_ID, localhost only. Without ROS: the same
-checkpoint through ``load_policy``, driving ``sim.TouchEnv`` in a loop (``sim.rollout``).
-The same seed gives both the same block layouts.
+config/so101.yaml and config/demo.yaml, or default.yaml and planar.yaml, then the checkpoint)
+and this process runs the simulated robot (``ros.sim.robot``, the robot's file) on the same
+ROS_DOMAIN_ID, localhost only. Without ROS: the same checkpoint through ``load_policy``,
+driving the simulation in a loop (``sim.rollout``), the joints converted to the policy's
+units as the node's joint_units do. The same seed gives both the same block layouts.
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ import time
 import numpy as np
 
 from vla_policy_node.ament_registration import installed_executable
-from vla_policy_node.sim import SHIPPED_CHECKPOINT
-from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim import PLANAR_CHECKPOINT
+from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
+from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT as SO101_CHECKPOINT
+
+# Per robot: its shipped checkpoint, the node's parameter files in order (the last one also the robot's).
+SETUPS = {'so101': (SO101_CHECKPOINT, ('default.yaml', 'so101.yaml', 'demo.yaml')),
+          'planar': (PLANAR_CHECKPOINT, ('default.yaml', 'planar.yaml'))}
+MAX_STEPS = {'so101': 90, 'planar': 100}
 
 
 def package_config(name: str) -> Path:
@@ -59,17 +67,17 @@ def random_weights_copy(checkpoint: Path, folder: Path, seed: int) -> Path:
     return target
 
 
-def run_direct(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str) -> list:
+def run_direct(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str) -> list:
     """Episodes with the policy called directly (no ROS)."""
     from vla_policy_node.loading import load_policy
 
     policy = load_policy(checkpoint, device='cpu')
-    env = TouchEnv(max_steps=max_steps)
-    return evaluate(env, policy_chunk_fn(policy), episodes, seed, execute=max(1, policy.chunk_size // 2),
+    env = make_env(robot, max_steps=max_steps)
+    return evaluate(env, policy_chunk_fn(policy, env), episodes, seed, execute=max(1, policy.chunk_size // 2),
                     instruction=instruction or None)
 
 
-def run_dds(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str,
+def run_dds(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str,
             ready_timeout: float = 120.0) -> list:
     """Episodes through the installed node over DDS; the robot runs in this process."""
     import rclpy
@@ -77,26 +85,26 @@ def run_dds(checkpoint: Path, episodes: int, seed: int, max_steps: int, instruct
 
     from vla_policy_node.ros.sim.robot import SimRobot
 
+    files = [str(package_config(name)) for name in SETUPS[robot][1]]
     node = subprocess.Popen(
-        [str(installed_executable()), '--ros-args',
-         '--params-file', str(package_config('default.yaml')), '--params-file', str(package_config('demo.yaml')),
+        [str(installed_executable()), '--ros-args', *(a for f in files for a in ('--params-file', f)),
          '-p', f'checkpoint:={checkpoint}', '--log-level', 'ERROR'])
     rclpy.init()
-    robot = None
+    sim = None
     try:
-        robot = SimRobot(parameter_overrides=[
+        sim = SimRobot(cli_args=['--ros-args', '--params-file', files[-1]], parameter_overrides=[
             Parameter('episodes', value=episodes), Parameter('seed', value=seed),
             Parameter('max_steps', value=max_steps), Parameter('instruction', value=instruction)])
         deadline = time.monotonic() + ready_timeout + episodes * (max_steps * 0.05 + 5.0)
-        while rclpy.ok() and not robot.finished and node.poll() is None and time.monotonic() < deadline:
-            rclpy.spin_once(robot, timeout_sec=0.05)
-        if not robot.finished:
-            raise RuntimeError(f'the DDS run did not finish: {len(robot.reports)} of {episodes} episodes, '
+        while rclpy.ok() and not sim.finished and node.poll() is None and time.monotonic() < deadline:
+            rclpy.spin_once(sim, timeout_sec=0.02)
+        if not sim.finished:
+            raise RuntimeError(f'the DDS run did not finish: {len(sim.reports)} of {episodes} episodes, '
                                f'node exit code {node.poll()}')
-        return list(robot.reports)
+        return list(sim.reports)
     finally:
-        if robot is not None:
-            robot.destroy_node()
+        if sim is not None:
+            sim.destroy_node()
         rclpy.try_shutdown()
         node.terminate()
         node.wait(30)
@@ -106,10 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the requested evaluations and print the success rates."""
     parser = argparse.ArgumentParser(prog='vla-policy-sim-eval', description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument('--checkpoint', type=Path, default=SHIPPED_CHECKPOINT, help='the policy to evaluate')
+    parser.add_argument('--robot', choices=ROBOTS, default='so101',
+                        help='the simulated robot: so101 (MuJoCo) or planar (the numpy test arm)')
+    parser.add_argument('--checkpoint', type=Path, default=None,
+                        help="the policy to evaluate (default: the robot's shipped one)")
     parser.add_argument('--episodes', type=int, default=20, help='episodes per mode, each a new layout')
     parser.add_argument('--seed', type=int, default=100, help='layouts (training used seed 0)')
-    parser.add_argument('--max-steps', type=int, default=100, help='control ticks per episode')
+    parser.add_argument('--max-steps', type=int, default=None,
+                        help='control ticks per episode (default: 90 for so101 at 30 Hz, 100 for planar at 20 Hz)')
     parser.add_argument('--instruction', default='', help='send this instead of each episode\'s instruction')
     parser.add_argument('--random-weights', action='store_true', help='re-initialise the weights (baseline)')
     parser.add_argument('--no-dds', action='store_true', help='only the run without ROS')
@@ -118,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error('--episodes must be >= 1')
+    args.checkpoint = args.checkpoint or SETUPS[args.robot][0]
+    args.max_steps = args.max_steps or MAX_STEPS[args.robot]
     import torch
     from vla_policy_node.loading.checkpoint import CheckpointError
     torch.set_num_threads(args.threads)
@@ -128,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     label = ('random weights' if args.random_weights else 'trained') + (
         f', instruction fixed to {args.instruction!r}' if args.instruction else '')
-    print(f'{label}: {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
+    print(f'{label}: {args.robot}, {args.episodes} episodes, seed {args.seed}, checkpoint {args.checkpoint}')
     for where, (wins, total, steps) in rates.items():
         print(f'  {where:<24} success {wins}/{total} = {100.0 * wins / total:5.1f}%'
               + (f'   mean steps of successes {steps:.1f}' if wins else ''))
@@ -145,11 +159,11 @@ def evaluate_modes(args: argparse.Namespace) -> dict[str, tuple[int, int, float]
             checkpoint = random_weights_copy(checkpoint, Path(tmp), seed=1)
         rates = {}
         if not args.no_dds:
-            reports = run_dds(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
+            reports = run_dds(args.robot, checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
             rates['through the node (DDS)'] = (sum(r.success for r in reports), len(reports),
                                                np.mean([r.steps for r in reports if r.success] or [np.nan]))
         if not args.no_direct:
-            results = run_direct(checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
+            results = run_direct(args.robot, checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
             rates['without ROS'] = (round(success_rate(results) * len(results)), len(results),
                                     np.mean([r.steps for r in results if r.success] or [np.nan]))
     return rates

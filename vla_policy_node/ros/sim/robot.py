@@ -2,14 +2,17 @@
 """
 The simulated table-top robot over ROS 2: what `make demo` and the evaluation drive the node with.
 
-It wraps ``sim.TouchEnv`` (a 3-joint planar arm over coloured blocks) like a robot driver
-plus ros2_control: it publishes the top camera (``sensor_msgs/Image``, rgb8) and
-``/joint_states`` with stamps, follows the node's ``JointTrajectory`` points in time as
-joint_trajectory_controller does (or a forward command's position), and runs episodes:
+It wraps a simulated robot of ``sim.robots`` (``robot``: the SO-101 in MuJoCo, or the planar
+numpy arm of the fast tests) like a robot driver plus ros2_control: it publishes the camera
+(``sensor_msgs/Image``, rgb8) and ``/joint_states`` (radians) with stamps, follows the
+node's ``JointTrajectory`` points in time as joint_trajectory_controller does (each for the
+joints it names), and a forward position command (``std_msgs/Float64MultiArray``) for the
+joints of ``forward_joints`` as forward_command_controller does; and it runs episodes:
 for each it places new blocks (the arm stays where it is), publishes the instruction
 (reliable, transient local), calls the node's ``~/reset_episode`` and counts control
 ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
-per episode and the success rate, and saves the first episode as a GIF and a PNG strip.
+per episode and the success rate, and saves the first episode as a GIF and a PNG strip
+captioned with the instruction, the outcome and the time.
 While the tip touches the named block it publishes ``task_success`` (std_msgs/Empty, the
 success signal of a RunInstruction goal); with ``goal_driven`` it sets out one layout, prints
 its task and publishes no instruction: a RunInstruction goal gives it.
@@ -35,9 +38,8 @@ from trajectory_msgs.msg import JointTrajectory
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
 from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
-from vla_policy_node.sim.arm import JOINT_NAMES
-from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.recording import save_gif, save_strip
+from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.trajectory import TrajectoryFollower
 
 SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
@@ -61,33 +63,42 @@ class SimRobot(Node):
     def __init__(self, **node_options) -> None:
         super().__init__('vla_policy_sim_robot', **node_options)
         declare = self.declare_parameter
-        self._joints = list(declare('joint_names', list(JOINT_NAMES)).value)
-        camera_topic = declare('camera_topic', 'camera/top/image_raw').value
-        camera_rate = declare('camera_rate_hz', 20.0).value
+        robot = declare('robot', 'so101').value
+        if robot not in ROBOTS:
+            raise ValueError(f"parameter 'robot' must be one of {', '.join(ROBOTS)}, got {robot!r}")
+        camera_topic = declare('camera_topic', 'camera/front/image_raw').value
+        camera_rate = self._camera_rate = declare('camera_rate_hz', 30.0).value
         physics_rate = declare('joint_state_rate_hz', 100.0).value
-        control_rate = declare('control_rate_hz', 20.0).value
+        control_rate = declare('control_rate_hz', 30.0).value
         interface = declare('command_interface', 'joint_trajectory').value
-        command_topic = declare('command_topic', 'joint_trajectory_controller/joint_trajectory').value
+        command_topic = declare('command_topic', 'arm_controller/joint_trajectory').value
+        # A forward position controller's topic and joints besides (the SO-101's gripper); '' for none.
+        forward_topic = declare('forward_topic', 'gripper_controller/commands').value
+        forward_joints = list(declare('forward_joints', ['gripper']).value)
         policy_node = declare('policy_node', '/vla_policy_node').value
         self.episodes = declare('episodes', 10).value
-        self._max_steps = declare('max_steps', 100).value
+        self._max_steps = declare('max_steps', 90).value
         self._instruction_override = declare('instruction', '').value
         self._record = declare('record_prefix', '').value
         seed = declare('seed', 0).value
         self.duration = declare('duration', 0.0).value
         # true: one layout and no instruction of its own; a RunInstruction goal gives the task.
         self._goal_driven = declare('goal_driven', False).value
-        self._env = TouchEnv(dt=1.0 / control_rate, max_steps=self._max_steps, joint_names=tuple(self._joints))
+        self._env = make_env(robot, dt=1.0 / control_rate, max_steps=self._max_steps)
+        self._joints = list(self._env.joint_names)
         self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
         self._rng = np.random.default_rng(seed)
-        self._follower = TrajectoryFollower(len(self._joints))
+        # One follower per group of joints a controller drives, keyed by their indices.
+        self._followers: dict[tuple[int, ...], TrajectoryFollower] = {}
+        self._hold = self._env.q                       # where joints without a command stay
+        self._forward = self._indices(forward_joints) if forward_topic else None
         self.reports: list[EpisodeReport] = []
         self.finished = False
         self._phase = 'waiting'
         self._episode_start = 0.0
         self._first_command: float | None = None
         self._success = False
-        self._frames: list[np.ndarray] = []
+        self._frames: list[tuple[float, np.ndarray]] = []     # (s into the episode, image)
         self._last_physics = time.monotonic()
         self._policy: dict[str, str] = {}                # the node's latest policy status
         # The node's status name, from its name resolved as the reset service's is (namespaces).
@@ -101,8 +112,11 @@ class SimRobot(Node):
         self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
         if interface == 'joint_trajectory':
             self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
-        else:
+        else:       # one forward controller for every joint
+            self._forward = tuple(range(len(self._joints)))
             self.create_subscription(Float64MultiArray, command_topic, self._on_forward, COMMAND_QOS)
+        if forward_topic and interface == 'joint_trajectory':
+            self.create_subscription(Float64MultiArray, forward_topic, self._on_forward, COMMAND_QOS)
         self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
         self.create_timer(1.0 / physics_rate, self._on_physics_tick)
         self.create_timer(1.0 / camera_rate, self._on_camera_tick)
@@ -112,25 +126,41 @@ class SimRobot(Node):
     def _on_trajectory(self, msg: JointTrajectory) -> None:
         if not msg.points:
             return
-        try:
-            order = [list(msg.joint_names).index(name) for name in self._joints]
-        except ValueError:
-            self.get_logger().warning(f'trajectory joints {list(msg.joint_names)} do not name {self._joints}')
+        joints = self._indices(list(msg.joint_names))
+        if joints is None:
             return
         times = [p.time_from_start.sec + 1e-9 * p.time_from_start.nanosec for p in msg.points]
-        points = np.asarray([p.positions for p in msg.points])[:, order]
-        self._follow(times, points)
+        try:
+            points = np.asarray([p.positions for p in msg.points], dtype=np.float64)
+        except ValueError:
+            self.get_logger().warning('ignoring a trajectory whose points differ in length')
+            return
+        self._follow(joints, times, points)
 
     def _on_forward(self, msg: Float64MultiArray) -> None:
-        self._follow([self._env.dt], np.asarray(msg.data)[None, :])
+        if self._forward is not None:
+            self._follow(self._forward, [self._env.dt], np.asarray(msg.data, dtype=np.float64)[None, :])
 
-    def _follow(self, times: list[float], points: np.ndarray) -> None:
+    def _indices(self, names: list[str]) -> tuple[int, ...] | None:
+        """Return the indices of the named joints, or None (said in the log) when one is not this robot's."""
+        unknown = [n for n in names if n not in self._joints]
+        if unknown or not names:
+            self.get_logger().warning(f'joints {names} are not among {self._joints}: command ignored')
+            return None
+        return tuple(self._joints.index(n) for n in names)
+
+    def _follow(self, joints: tuple[int, ...], times: list[float], points: np.ndarray) -> None:
         now = time.monotonic()
+        # A new controller group takes its joints from any group that drove them before.
+        for other in [g for g in self._followers if g != joints and set(g) & set(joints)]:
+            del self._followers[other]
+        follower = self._followers.get(joints) or TrajectoryFollower(len(joints))
         try:
-            self._follower.set(now, self._env.q, np.asarray(times), points)
+            follower.set(now, self._env.q[list(joints)], np.asarray(times), points)
         except ValueError as error:
             self.get_logger().warning(f'ignoring command: {error}')
             return
+        self._followers[joints] = follower
         if self._phase == 'running' and self._first_command is None:
             self._first_command = now
 
@@ -164,11 +194,14 @@ class SimRobot(Node):
     # ------------------------------------------------------------------ physics and sensors
     def _on_physics_tick(self) -> None:
         now = time.monotonic()
-        desired = self._follower.desired(now)
-        if desired is not None:
-            self._env.move_toward(desired, now - self._last_physics)
+        target = self._hold.copy()
+        for joints, follower in self._followers.items():
+            desired = follower.desired(now)
+            if desired is not None:
+                target[list(joints)] = desired
+        self._env.drive(target, now - self._last_physics)
         self._last_physics = now
-        if self._phase == 'running' and self._env.is_touching():
+        if self._phase == 'running' and (self._env.success or self._env.is_touching()):
             self._success = True
         msg = JointState(name=self._joints, position=self._env.q.tolist())
         msg.header.stamp = self.get_clock().now().to_msg()
@@ -176,11 +209,11 @@ class SimRobot(Node):
 
     def _on_camera_tick(self) -> None:
         frame = self._env.render()
-        msg = rgb_to_image(frame, frame_id='top_camera')
+        msg = rgb_to_image(frame, frame_id=f'{self._env.camera_name}_camera')
         msg.header.stamp = self.get_clock().now().to_msg()
         self._camera_pub.publish(msg)
         if self._phase == 'running' and self._record and not self.reports:
-            self._frames.append(frame)
+            self._frames.append((max(0.0, time.monotonic() - self._episode_start), frame))
 
     # ------------------------------------------------------------------ episodes
     def _on_episode_tick(self) -> None:
@@ -200,7 +233,8 @@ class SimRobot(Node):
 
     def _start_episode(self) -> None:
         self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
-        self._follower.clear()
+        self._followers.clear()
+        self._hold = self._env.q
         self._on_camera_tick()                           # the new layout before the new task
         if self._goal_driven:
             print(f'task: {self._env.scene.instruction!r} (send it as a RunInstruction goal)', flush=True)
@@ -225,19 +259,22 @@ class SimRobot(Node):
         self.reports.append(report)
         print(format_report(len(self.reports), self.episodes, report), flush=True)
         if len(self.reports) == 1 and self._record:
-            self._save_recording()
+            self._save_recording(report)
         if len(self.reports) >= self.episodes > 0:
             self._phase = 'done'
             self.finished = True
         else:
             self._start_episode()
 
-    def _save_recording(self) -> None:
+    def _save_recording(self, report: EpisodeReport) -> None:
         if not self._frames:
             return
         gif, png = Path(self._record + '.gif'), Path(self._record + '.png')
-        save_gif(self._frames, gif, self._env.dt)
-        save_strip(self._frames, png)
+        outcome = f"{'SUCCESS' if report.success else 'failure'} at {report.steps * self._env.dt:.2f} s"
+        frames = [frame for _, frame in self._frames]
+        captions = [f'{report.instruction}\nt {t:4.2f} s   {outcome}' for t, _ in self._frames]
+        save_gif(frames, gif, 1.0 / self._camera_rate, captions=captions)
+        save_strip(frames, png, captions=captions)
         print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
 
     def summary(self) -> str:

@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The simulated SO-101 in MuJoCo: its model, units, physics, touch check, expert and demonstrations."""
+
+from pathlib import Path
+import struct
+
+import numpy as np
+import pytest
+import yaml
+
+from vla_policy_node.sim.so101 import ASSETS
+from vla_policy_node.sim.so101.env import BLOCK_COLOURS, So101TouchEnv
+from vla_policy_node.sim.so101.units import JOINT_NAMES, to_lerobot, to_ros
+from vla_policy_node.sim.task import Scene
+from vla_policy_node.train.demonstrations import collect, expert_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope='module')
+def env():
+    environment = So101TouchEnv()
+    yield environment
+    environment.close()
+
+
+def test_units_are_what_so101_yaml_tells_the_node():
+    params = yaml.safe_load((ROOT / 'config' / 'so101.yaml').read_text())['/**']['ros__parameters']
+    assert tuple(params['joint_names']) == JOINT_NAMES
+    q = np.array([0.3, -1.2, 1.5, -0.4, 2.0, 0.9])
+    node_policy = (q - np.array(params['joint_units']['offset'])) * np.array(params['joint_units']['scale'])
+    np.testing.assert_allclose(to_lerobot(q), node_policy, rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(to_ros(to_lerobot(q)), q, atol=1e-12)
+    lower, upper = params['limits']['lower'][5], params['limits']['upper'][5]
+    np.testing.assert_allclose(to_lerobot(np.array([0, 0, 0, 0, 0, lower]))[5], 0.0, atol=1e-3)   # closed
+    np.testing.assert_allclose(to_lerobot(np.array([0, 0, 0, 0, 0, upper]))[5], 100.0, atol=1e-3)  # open
+
+
+def test_the_model_is_the_so101_with_simplified_meshes_and_fits_the_package_budget():
+    triangles = sum(struct.unpack('<I', p.read_bytes()[80:84])[0] for p in (ASSETS / 'meshes').glob('*.stl'))
+    assert len(list((ASSETS / 'meshes').glob('*.stl'))) == 13 and 15_000 < triangles < 30_000
+    policy = ASSETS.parent / 'touch_policy'
+    size = sum(p.stat().st_size for folder in (ASSETS, policy) for p in folder.rglob('*') if p.is_file())
+    assert size <= 10 * 2**20
+    assert (ASSETS / 'LICENSE').read_text().startswith(' ' * 5) and 'Apache' in (ASSETS / 'LICENSE').read_text()
+
+
+def test_reset_places_three_named_blocks_apart_on_the_table(env):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        obs = env.reset(rng)
+        scene = env.scene
+        assert len(scene.blocks) == 3 and scene.target in [b.colour for b in scene.blocks]
+        assert set(b.colour for b in scene.blocks) <= set(BLOCK_COLOURS)
+        positions = np.array([b.position for b in scene.blocks])
+        gaps = [np.linalg.norm(a - b) for i, a in enumerate(positions) for b in positions[i + 1:]]
+        assert min(gaps) >= env.task.min_separation
+        assert obs['images']['front'].shape == (64, 64, 3) and obs['images']['front'].dtype == np.uint8
+        assert obs['state'].shape == (6,) and obs['task'] == f'touch the {scene.target} block'
+        assert not env.success
+
+
+def test_the_camera_sees_the_blocks(env):
+    env.reset(np.random.default_rng(3))
+    image = env.render().astype(int)
+    red = (image[..., 0] > 150) & (image[..., 1] < 80) & (image[..., 2] < 80)
+    blue = (image[..., 2] > 150) & (image[..., 0] < 90)
+    colours = {b.colour for b in env.scene.blocks}
+    assert red.any() == ('red' in colours) and blue.any() == ('blue' in colours)
+
+
+def test_position_actuators_follow_with_lag_and_never_teleport(env):
+    env.reset(np.random.default_rng(1))
+    start = env.q
+    target = start.copy()
+    target[1] -= 0.5                                   # shoulder_lift half a radian up
+    env.step(target)
+    one_tick = env.q
+    assert 0.02 < start[1] - one_tick[1] < 0.5         # moving, not there after 33 ms
+    for _ in range(30):
+        env.step(target)
+    assert abs(env.q[1] - target[1]) < 0.05            # arrives, up to the servo's sag
+    with pytest.raises(ValueError):
+        env.step(np.full(6, np.nan))
+    with pytest.raises(ValueError):
+        env.step(np.zeros(5))
+
+
+def test_touching_another_block_is_not_success(env):
+    env.reset(np.random.default_rng(2))
+    other = next(b.colour for b in env.scene.blocks if b.colour != env.scene.target)
+    wrong = Scene(blocks=env.scene.blocks, target=other, start=env.scene.start)
+    expert = env.expert()
+    touched_other = False
+    for _ in range(60):
+        env.step(expert.action(wrong, env.q))
+        env.scene, named = wrong, env.scene
+        touched_other = touched_other or env.is_touching()
+        env.scene = named
+    assert touched_other and not env.success
+
+
+def test_scripted_expert_touches_the_named_block_in_at_least_95_percent(env):
+    rng = np.random.default_rng(123)
+    expert = env.expert()
+    wins, steps = 0, []
+    for episode in range(40):
+        env.reset(rng, keep_pose=episode % 2 == 1)      # half from where the last episode left the arm
+        done = False
+        while not done:
+            _, success, done = env.step(expert.action(env.scene, env.q))
+        wins += success
+        steps.append(env.steps)
+    assert wins >= 38, wins
+    assert np.mean(steps) < 40
+
+
+def test_inverse_kinematics_puts_the_tip_where_the_expert_asks(env):
+    """Over the blocks area, from the touch height to the hover height, jaws pitched 75 degrees down."""
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        point = np.array([rng.uniform(0.14, 0.30), rng.uniform(-0.15, 0.15), rng.uniform(0.02, 0.08)])
+        q = env.kinematics.solve(point)
+        assert np.all(q >= env.kinematics.lower - 1e-9) and np.all(q <= env.kinematics.upper + 1e-9)
+        np.testing.assert_allclose(env.kinematics.tip(q), point, atol=1e-3)
+
+
+def test_demonstrations_are_in_lerobots_so101_units():
+    env = So101TouchEnv()
+    demos = collect(env, episodes=2, chunk=10, seed=0, progress=False)
+    assert demos.camera == 'front' and demos.images.shape[1:] == (64, 64, 3)
+    assert demos.states.shape[1] == 6 and demos.actions.shape[1:] == (10, 6)
+    assert np.all(np.abs(demos.states[:, :5]) <= 180.0)          # degrees
+    assert np.all((demos.states[:, 5] > -1.0) & (demos.states[:, 5] < 101.0))   # gripper 0..100
+    # Each label is the expert's plan from the recorded state, converted like the state.
+    state = to_ros(demos.states[0].astype(np.float64))
+    env.reset(np.random.default_rng(0))
+    scene = env.scene
+    plan = expert_plan(env.expert(), scene, state, 10)
+    np.testing.assert_allclose(to_lerobot(plan), demos.actions[0], atol=1e-2)
+    env.close()

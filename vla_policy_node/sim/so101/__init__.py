@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+The SO-101 arm in MuJoCo on a table with coloured blocks: the simulated robot of the demo.
+
+``ASSETS`` holds the arm's MJCF and meshes (see its README for their origin) and the scene;
+``SHIPPED_CHECKPOINT`` is the policy trained on it by ``make train``, package data as
+``sim.SHIPPED_CHECKPOINT`` is. Joint positions are radians here, as on ``/joint_states``;
+``units`` converts to LeRobot's SO-101 units, which the policy speaks.
+"""
+
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "touch_policy"
