@@ -145,21 +145,22 @@ class SimRobot(Node):
         """Return the indices of the named joints, or None (said in the log) when one is not this robot's."""
         unknown = [n for n in names if n not in self._joints]
         if unknown or not names:
-            self.get_logger().warning(f'joints {names} are not among {self._joints}: command ignored')
+            self.get_logger().warning(f'joints {names} are not among {self._joints}: command ignored',
+                                      throttle_duration_sec=5.0)
             return None
         return tuple(self._joints.index(n) for n in names)
 
     def _follow(self, joints: tuple[int, ...], times: list[float], points: np.ndarray) -> None:
         now = time.monotonic()
-        # A new controller group takes its joints from any group that drove them before.
-        for other in [g for g in self._followers if g != joints and set(g) & set(joints)]:
-            del self._followers[other]
-        follower = self._followers.get(joints) or TrajectoryFollower(len(joints))
+        follower = TrajectoryFollower(len(joints))
         try:
             follower.set(now, self._env.q[list(joints)], np.asarray(times), points)
         except ValueError as error:
-            self.get_logger().warning(f'ignoring command: {error}')
+            self.get_logger().warning(f'ignoring command: {error}', throttle_duration_sec=5.0)
             return
+        # A new controller group takes its joints from any group that drove them before.
+        for other in [g for g in self._followers if g != joints and set(g) & set(joints)]:
+            del self._followers[other]
         self._followers[joints] = follower
         if self._phase == 'running' and self._first_command is None:
             self._first_command = now
