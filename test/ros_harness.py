@@ -146,3 +146,42 @@ def node_with_probe(params_files: list[Path], domain_id: int, make_probe: Callab
         if probe is not None:
             probe.close()
         node.kill()
+
+
+def sim_episodes(monkeypatch: Any, params_files: list[Path], checkpoint: Path, robot_file: Path,
+                 overrides: dict[str, Any], timeout: float = 150.0) -> tuple[Any, str]:
+    """
+    Run the simulated robot (``robot_file`` with ``overrides``) in process against the installed node.
+
+    The node reads ``params_files`` and ``checkpoint``; returns the robot once its episodes are
+    over (destroyed, its reports and followers still readable) and the node's output.
+    """
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.parameter import Parameter
+
+    from vla_policy_node.ros.sim.robot import SimRobot
+
+    domain_id = next_domain_id()
+    for key, value in ros_env(domain_id).items():
+        if key.startswith('ROS_'):
+            monkeypatch.setenv(key, value)
+    node = NodeProcess(params_files, domain_id, extra_args=('-p', f'checkpoint:={checkpoint}'))
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=domain_id)
+    robot = SimRobot(context=context, cli_args=['--ros-args', '--params-file', str(robot_file)],
+                     parameter_overrides=[Parameter(name, value=value) for name, value in overrides.items()])
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(robot)
+    try:
+        assert node.wait_for_output('ready:', timeout=90.0), node.output
+        deadline = time.monotonic() + timeout
+        while not robot.finished and time.monotonic() < deadline and node.process.poll() is None:
+            executor.spin_once(timeout_sec=0.01)
+        assert robot.finished, (robot.reports, node.output[-3000:])
+        return robot, node.output
+    finally:
+        executor.shutdown(timeout_sec=1.0)
+        robot.destroy_node()
+        rclpy.try_shutdown(context=context)
+        node.kill()

@@ -7,22 +7,18 @@ over DDS.
 """
 
 import json
-import time
 
 import numpy as np
 import pytest
-import rclpy
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, NodeProcess, next_domain_id, ros_env
+from ros_harness import DEFAULT_CONFIG, sim_episodes
 
 from vla_policy_node.loading import load_policy
-from vla_policy_node.ros.sim.robot import EpisodeReport, format_report, SimRobot
+from vla_policy_node.ros.sim.robot import EpisodeReport, format_report
 from vla_policy_node.sim import PLANAR_CHECKPOINT
 from vla_policy_node.sim.env import TouchEnv
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
 
-DEMO_CONFIG = DEFAULT_CONFIG.parent / 'planar.yaml'
+PLANAR_CONFIG = DEFAULT_CONFIG.parent / 'planar.yaml'
 LEROBOT_FILES = ('config.json', 'model.safetensors', 'policy_preprocessor.json', 'policy_postprocessor.json',
                  'policy_preprocessor_step_5_normalizer_processor.safetensors',
                  'policy_postprocessor_step_0_unnormalizer_processor.safetensors',
@@ -59,31 +55,10 @@ def test_shipped_policy_succeeds_without_ros():
 @pytest.mark.dds
 def test_closed_loop_episodes_through_the_node_succeed(monkeypatch):
     """The installed node (planar.yaml, shipped checkpoint) drives the simulated robot over DDS."""
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
-    node = NodeProcess([DEFAULT_CONFIG, DEMO_CONFIG], domain_id,
-                       extra_args=('-p', f'checkpoint:={PLANAR_CHECKPOINT}'))
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=domain_id)
-    robot = SimRobot(context=context, cli_args=['--ros-args', '--params-file', str(DEMO_CONFIG)],
-                     parameter_overrides=[Parameter('episodes', value=6), Parameter('seed', value=11)])
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(robot)
-    try:
-        assert node.wait_for_output('ready:', timeout=90.0), node.output
-        deadline = time.monotonic() + 150.0
-        while not robot.finished and time.monotonic() < deadline and node.process.poll() is None:
-            executor.spin_once(timeout_sec=0.05)
-        assert robot.finished, (robot.reports, node.output[-3000:])
-        assert sum(r.success for r in robot.reports) >= 4, robot.reports     # 90% over 50 episodes
-        assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
-    finally:
-        executor.shutdown(timeout_sec=1.0)
-        robot.destroy_node()
-        rclpy.try_shutdown(context=context)
-        node.kill()
+    robot, _ = sim_episodes(monkeypatch, [DEFAULT_CONFIG, PLANAR_CONFIG], PLANAR_CHECKPOINT, PLANAR_CONFIG,
+                            {'episodes': 6, 'seed': 11})
+    assert sum(r.success for r in robot.reports) >= 4, robot.reports     # 90% over 50 episodes
+    assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
 
 
 def test_episode_line_says_what_was_not_measured_instead_of_nan():

@@ -8,17 +8,12 @@ trajectory on one topic, the gripper's forward command on another, joint states 
 """
 
 import json
-import time
 
 import pytest
-import rclpy
 from PIL import Image
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, NodeProcess, next_domain_id, ros_env
+from ros_harness import DEFAULT_CONFIG, sim_episodes
 
 from vla_policy_node.loading import load_policy
-from vla_policy_node.ros.sim.robot import SimRobot
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
 from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT
 from vla_policy_node.sim.so101.env import So101TouchEnv
@@ -50,35 +45,13 @@ def test_shipped_policy_succeeds_without_ros():
 @pytest.mark.dds
 def test_closed_loop_episodes_through_the_node_with_so101_yaml(monkeypatch, tmp_path):
     """The installed node (default, so101, demo yaml) drives the simulated SO-101; the first episode is saved."""
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
-    node = NodeProcess([DEFAULT_CONFIG, SO101_CONFIG, DEMO_CONFIG], domain_id,
-                       extra_args=('-p', f'checkpoint:={SHIPPED_CHECKPOINT}'))
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=domain_id)
     prefix = str(tmp_path / 'episode')
-    robot = SimRobot(context=context, cli_args=['--ros-args', '--params-file', str(DEMO_CONFIG)],
-                     parameter_overrides=[Parameter('episodes', value=5), Parameter('seed', value=11),
-                                          Parameter('record_prefix', value=prefix)])
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(robot)
-    try:
-        assert node.wait_for_output('ready:', timeout=90.0), node.output
-        deadline = time.monotonic() + 150.0
-        while not robot.finished and time.monotonic() < deadline and node.process.poll() is None:
-            executor.spin_once(timeout_sec=0.01)
-        assert robot.finished, (robot.reports, node.output[-3000:])
-        assert sum(r.success for r in robot.reports) >= 4, robot.reports
-        assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
-        # Both controllers were commanded: the arm's trajectory and the gripper's forward command.
-        assert set(robot._followers) == {(0, 1, 2, 3, 4), (5,)}
-        gif, png = Image.open(prefix + '.gif'), Image.open(prefix + '.png')
-        assert gif.n_frames > 5 and gif.size[0] == 256 and gif.size[1] > 256     # the caption under the frame
-        assert png.size[1] > 64 * 3
-    finally:
-        executor.shutdown(timeout_sec=1.0)
-        robot.destroy_node()
-        rclpy.try_shutdown(context=context)
-        node.kill()
+    robot, _ = sim_episodes(monkeypatch, [DEFAULT_CONFIG, SO101_CONFIG, DEMO_CONFIG], SHIPPED_CHECKPOINT, DEMO_CONFIG,
+                            {'episodes': 5, 'seed': 11, 'record_prefix': prefix})
+    assert sum(r.success for r in robot.reports) >= 4, robot.reports
+    assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
+    # Both controllers were commanded: the arm's trajectory and the gripper's forward command.
+    assert set(robot._followers) == {(0, 1, 2, 3, 4), (5,)}
+    gif, png = Image.open(prefix + '.gif'), Image.open(prefix + '.png')
+    assert gif.n_frames > 5 and gif.size[0] == 256 and gif.size[1] > 256     # the caption under the frame
+    assert png.size[1] > 64 * 3
