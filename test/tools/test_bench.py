@@ -146,7 +146,7 @@ def test_a_checkpoint_that_is_not_there_is_one_line_not_a_traceback(capsys):
 
 @pytest.mark.parametrize('module, shown', [
     ('vla_policy_node.bench.cli', '--iters ITERS         timed chunks (per round) (default: 20)'),
-    ('vla_policy_node.train.cli', '--steps STEPS         optimizer steps (default: 10000)'),
+    ('vla_policy_node.train.cli', '--steps STEPS         optimizer steps (default: 6000)'),
     ('vla_policy_node.ros.sim.evaluation', '--episodes EPISODES   episodes per mode, each a new layout (default: 20)'),
     ('vla_policy_node.replay.record', '--duration DURATION   seconds to record; 0: until Ctrl-C (default: 0.0)'),
 ])
