@@ -8,7 +8,12 @@ The SO-101 arm in MuJoCo on a table with coloured blocks: the simulated robot of
 ``units`` converts to LeRobot's SO-101 units, which the policy speaks.
 """
 
+import os
 from pathlib import Path
+
+# MuJoCo picks its GL platform when first imported, and every module here imports it after this:
+# headless EGL unless the user chose (MUJOCO_GL=osmesa also works; glfw needs a display).
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "touch_policy"

@@ -12,18 +12,15 @@ tick; ``drive`` runs physics for any time (the ROS robot calls it at its physics
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import os
 
+import mujoco
 import numpy as np
 
-os.environ.setdefault("MUJOCO_GL", "egl")        # headless rendering; osmesa also works (MUJOCO_GL=osmesa)
-import mujoco  # noqa: E402
-
-from vla_policy_node.sim.so101 import ASSETS  # noqa: E402
-from vla_policy_node.sim.so101.expert import So101Expert  # noqa: E402
-from vla_policy_node.sim.so101.kinematics import Kinematics  # noqa: E402
-from vla_policy_node.sim.so101.units import JOINT_NAMES, to_lerobot, to_ros  # noqa: E402
-from vla_policy_node.sim.task import Block, Scene  # noqa: E402
+from vla_policy_node.sim.so101 import ASSETS
+from vla_policy_node.sim.so101.expert import So101Expert
+from vla_policy_node.sim.so101.kinematics import Kinematics
+from vla_policy_node.sim.so101.units import JOINT_NAMES, to_lerobot, to_ros
+from vla_policy_node.sim.task import Block, Scene
 
 CAMERA_NAME = "front"
 BLOCK_COLOURS = ("blue", "green", "purple", "red")   # no yellow: the arm is yellow
