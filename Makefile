@@ -55,10 +55,11 @@ $(VENV)/.generators-stamp: $(VENV)/.setup-stamp requirements-interfaces.txt
 	    -e "s#/opt/python/cp311-cp311/include/python3.11#$$include#g"
 	touch $@
 
-# vla_policy_interfaces (interfaces/: the RunInstruction action the node serves), always.
+# vla_policy_interfaces (interfaces/: the RunInstruction action the node serves, the messages of
+# vla_policy_server's topic pair), always; regenerated when a definition changes.
 $(INTERFACES_STAMP): $(VENV)/.generators-stamp $(wildcard interfaces/vla_policy_interfaces/* interfaces/vla_policy_interfaces/*/*)
 	$(call INTERFACE_BUILD,vla_policy_interfaces,interfaces/vla_policy_interfaces)
-	$(PYTHON) -c 'import vla_policy_interfaces.action'
+	$(PYTHON) -c 'import vla_policy_interfaces.action, vla_policy_interfaces.msg'
 	touch $@
 
 # launch_ros imports composition_interfaces, a message package without a wheel: generated as above.
