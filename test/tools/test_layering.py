@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "vla_policy_node"
 ROS = {"rclpy", "sensor_msgs", "std_msgs", "trajectory_msgs", "diagnostic_msgs", "lifecycle_msgs", "std_srvs",
-       "builtin_interfaces", "rcl_interfaces", "control_msgs"}
+       "builtin_interfaces", "rcl_interfaces", "control_msgs", "vla_policy_interfaces"}
 # room -> the package rooms it may import (itself always); rooms not listed may import anything.
 MAY_IMPORT = {
     "control": set(),
