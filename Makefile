@@ -66,18 +66,26 @@ $(VENV)/.generators-stamp: $(VENV)/.setup-stamp requirements-interfaces.txt
 	    -e "s#/opt/python/cp311-cp311/include/python3.11#$$include#g"
 	touch $@
 
-# vla_policy_interfaces (interfaces/: the RunInstruction action the node serves), always.
+# vla_policy_interfaces (interfaces/: the RunInstruction action the node serves, the messages of
+# vla_policy_server's topic pair), always; regenerated when a definition changes.
 $(INTERFACES_STAMP): $(VENV)/.generators-stamp $(wildcard interfaces/vla_policy_interfaces/* interfaces/vla_policy_interfaces/*/*)
 	$(call INTERFACE_BUILD,vla_policy_interfaces,interfaces/vla_policy_interfaces)
-	$(PYTHON) -c 'import vla_policy_interfaces.action'
+	$(PYTHON) -c 'import vla_policy_interfaces.action, vla_policy_interfaces.msg'
 	touch $@
 
 # launch_ros imports composition_interfaces, a message package without a wheel: generated as above.
-$(VENV)/.launch-stamp: $(VENV)/.generators-stamp requirements-launch.txt
+# The verbs `ros2 interface` and `ros2 action` have no wheel there: their unchanged sources are in
+# tools/ros2cli (ros2/ros2cli at the wheels' commit, see its README), installed beside the wheels.
+ROS2CLI_VERBS := tools/ros2cli/ros2interface tools/ros2cli/ros2action
+$(VENV)/.launch-stamp: $(VENV)/.generators-stamp requirements-launch.txt \
+    $(foreach verb,$(ROS2CLI_VERBS),$(verb)/setup.py $(wildcard $(verb)/*/*.py $(verb)/*/*/*.py))
 	$(VENV)/bin/pip install -r requirements-launch.txt
 	$(VENV)/bin/pip install --no-deps $(ROS2_LAUNCH)/wheels/*.whl
+	$(VENV)/bin/pip install --no-deps --no-build-isolation $(ROS2CLI_VERBS)
+	rm -rf $(foreach verb,$(ROS2CLI_VERBS),$(verb)/build $(verb)/*.egg-info)
 	$(call INTERFACE_BUILD,composition_interfaces,$(ROS2_LAUNCH)/src/composition_interfaces)
 	$(PYTHON) -c 'import composition_interfaces.srv, launch_ros.actions, launch_testing'
+	$(PYTHON) -c 'import ros2interface.verb.show, ros2action.verb.send_goal, rosidl_adapter.parser'
 	touch $@
 
 # control_msgs (FollowJointTrajectory, GripperCommand: the command_interface follow_joint_trajectory

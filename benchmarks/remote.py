@@ -66,10 +66,9 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     os.environ.update({k: v for k, v in env.items() if k.startswith('ROS_')})
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
-    from std_msgs.msg import UInt8MultiArray
 
     from vla_policy_node.ros.qos import REMOTE_FLEET_QOS
-    from vla_policy_node.ros.server.protocol import decode_chunk, encode_request, RequestKey
+    from vla_policy_node.ros.server.protocol import ANSWER_TYPE, decode_chunk, encode_request, REQUEST_TYPE, RequestKey
 
     work = Path(tempfile.mkdtemp(prefix='vla-bench-remote-'))
     params = work / 'server.yaml'
@@ -87,7 +86,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     lock = threading.Lock()
     state = {'robots': 0, 'sent': {}, 'latencies': [], 'batch_sizes': [], 'chunks': 0}
     observations = [observation(frame, i) for i in range(max(robot_counts))]
-    requests = node.create_publisher(UInt8MultiArray, '/vla_policy_server/requests', REMOTE_FLEET_QOS)
+    requests = node.create_publisher(REQUEST_TYPE, '/vla_policy_server/requests', REMOTE_FLEET_QOS)
 
     def send(robot: int, request_id: int) -> None:
         msg = encode_request(RequestKey(f'/robot{robot}', 'bench', request_id, 0, 0.0), JOINTS, observations[robot],
@@ -110,7 +109,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
                 state['chunks'] += 1
         send(robot, request_id + 1)
 
-    node.create_subscription(UInt8MultiArray, '/vla_policy_server/chunks', on_answer, REMOTE_FLEET_QOS)
+    node.create_subscription(ANSWER_TYPE, '/vla_policy_server/chunks', on_answer, REMOTE_FLEET_QOS)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     threading.Thread(target=executor.spin, daemon=True).start()

@@ -3,7 +3,8 @@
 What the tests that run ``ros2 launch`` share: the skip without the launch tools, an ament prefix.
 
 The launch tools (launch, launch_ros, launch_testing, ros2cli) are not on PyPI: ``make setup``
-installs them from ``../shared/ros2-launch`` (or ``VLA_ROS2_LAUNCH_DIR``) when it is there.
+installs them from ``../shared/ros2-launch`` (or ``VLA_ROS2_LAUNCH_DIR``) when it is there, with
+the verbs ``ros2 interface`` and ``ros2 action`` from ``tools/ros2cli``.
 Without that folder, and without a ROS 2 installation that provides them, these tests skip
 and say why; with the folder, a missing tool is a setup failure, not a skip.
 """
@@ -22,7 +23,7 @@ from vla_policy_node.ament_registration import register
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_DIR = Path(os.environ.get('VLA_ROS2_LAUNCH_DIR', ROOT.parent / 'shared' / 'ros2-launch'))
-TOOLS = ('launch', 'launch_ros', 'launch_testing', 'ros2launch', 'ros2lifecycle')
+TOOLS = ('launch', 'launch_ros', 'launch_testing', 'ros2launch', 'ros2lifecycle', 'ros2interface', 'ros2action')
 
 
 def require_launch_tools() -> None:

@@ -23,7 +23,7 @@ import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND, wait_until
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import String, UInt8MultiArray
+from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 import yaml
 
@@ -31,7 +31,7 @@ from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS,
                                      REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS)
-from vla_policy_node.ros.server.protocol import decode_chunk, encode_request, RequestKey
+from vla_policy_node.ros.server.protocol import ANSWER_TYPE, decode_chunk, encode_request, REQUEST_TYPE, RequestKey
 from vla_policy_node.server.pool import rendezvous
 
 pytestmark = pytest.mark.dds
@@ -75,10 +75,10 @@ class RobotsProbe:
             self._publishers.append((cameras, joints))
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics,
                                       DIAGNOSTICS_QOS)
-        self.requests = self.node.create_publisher(UInt8MultiArray, '/vla_policy_server/requests',
+        self.requests = self.node.create_publisher(REQUEST_TYPE, '/vla_policy_server/requests',
                                                    REMOTE_REQUEST_QOS)
         self.answers: list = []          # answers addressed to the probe's own requests
-        self.node.create_subscription(UInt8MultiArray, '/vla_policy_server/chunks', self._on_answer,
+        self.node.create_subscription(ANSWER_TYPE, '/vla_policy_server/chunks', self._on_answer,
                                       REMOTE_FLEET_QOS)
         self.node.create_timer(1.0 / 15.0, self._publish_images)
         self.node.create_timer(1.0 / 50.0, self._publish_joints)
@@ -169,24 +169,29 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
         assert wait_until(lambda: all(probe.matched(ns) == '1' for ns in ROBOTS), 5.0), probe.policy.keys()
 
         # Requests the server must refuse, at once and with the reason: joints in another
-        # order, a camera it does not know, a request of another protocol version.
+        # order, a camera it does not know, a request of another protocol version, a NaN state,
+        # a frame of an unknown encoding; and bytes that are not a request (no key: no answer).
         frame = np.zeros((48, 64, 3), dtype=np.uint8)
         observation = {'images': {'front': frame}, 'state': np.zeros(6), 'task': 'wave'}
         joints = CONFIG['joint_names']
         refused = [(joints[::-1], observation, 'the robot sends joints'),
                    (joints, {**observation, 'images': {'thermal': frame}}, "cameras ['thermal'] are not in"),
-                   (joints, observation, 'meta.version must be 2, got 1')]
+                   (joints, observation, 'version must be 3, got 2'),
+                   (joints, {**observation, 'state': np.full(6, np.nan)}, 'state must be finite'),
+                   (joints, observation, "unsupported image encoding 'yuv422'")]
+        probe.requests.publish(b'\x00\x01\x00\x00 not a PolicyRequest')
         for request_id, (names, obs, _) in enumerate(refused):
             msg = encode_request(RequestKey('/probe', 'probe', request_id, 0, 1.0), names, obs, None)
             if request_id == 2:
-                meta = bytes(msg.data)[:msg.layout.dim[0].size].replace(b'"version": 2', b'"version": 1')
-                msg.data = meta + bytes(msg.data)[msg.layout.dim[0].size:]
+                msg.version = 2
+            if request_id == 4:
+                msg.images[0].image.encoding = 'yuv422'
             probe.requests.publish(msg)
         for request_id, (_, _, reason) in enumerate(refused):
             assert wait_until(lambda: probe.answer(request_id) is not None, 10.0), output()
             answer = probe.answer(request_id)
             assert answer.fault == 'raised' and answer.chunk is None and reason in answer.error, answer
-        assert wait_until(lambda: int(probe.server.get('bad_requests', 0)) == 3, 5.0), probe.server
+        assert wait_until(lambda: int(probe.server.get('bad_requests', 0)) == len(refused) + 1, 5.0), probe.server
 
         assert [rendezvous(f'{ns}/vla_policy_node', ['/vla_policy_server', SPARE]) for ns in ROBOTS] \
             == list(SERVED_BY.values())

@@ -73,7 +73,7 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
 
 @pytest.mark.slow
 def test_colcon_builds_the_interface_package_the_node_serves(tmp_path: Path):
-    """vla_policy_interfaces, inside the package's folder, as the README's workspace builds it."""
+    """vla_policy_interfaces (action, server messages), inside the package's folder, as the README's workspace does."""
     source = tmp_path / 'src' / 'vla_policy_node'
     shutil.copytree(ROOT / 'interfaces', source / 'interfaces')
     venv = Path(sys.prefix)
@@ -86,11 +86,15 @@ def test_colcon_builds_the_interface_package_the_node_serves(tmp_path: Path):
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     install = tmp_path / 'install' / 'vla_policy_interfaces'
-    assert (install / 'share' / 'vla_policy_interfaces' / 'action' / 'RunInstruction.action').is_file()
+    share = install / 'share' / 'vla_policy_interfaces'
+    for name in ('action/RunInstruction.action', 'msg/PolicyRequest.msg', 'msg/ActionChunk.msg'):
+        assert (share / name).is_file(), name
     shell = subprocess.run(['bash', '-c', 'source install/setup.bash && python -c "import vla_policy_interfaces.action '
-                            'as a; print(a.__file__); print(a.RunInstruction.Result.PREEMPTED)"'],
+                            'as a; import vla_policy_interfaces.msg as m; print(a.__file__); '
+                            'print(a.RunInstruction.Result.PREEMPTED, m.PolicyRequest.VERSION)"'],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-    assert shell.stdout.startswith(str(install)) and shell.stdout.split()[-1] == '3', shell.stdout + shell.stderr
+    assert shell.stdout.startswith(str(install)) and shell.stdout.split()[-2:] == ['3', '3'], \
+        shell.stdout + shell.stderr
 
 
 def test_installed_executable_prefers_the_ament_index(tmp_path: Path, monkeypatch):

@@ -47,13 +47,13 @@ from diagnostic_msgs.msg import DiagnosticStatus
 import numpy as np
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.control.chunking import ChunkRequest
 from vla_policy_node.control.inference import FAULT_LATE, InferenceResult
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
-from vla_policy_node.ros.server.protocol import (CHUNKS_TOPIC, decode_chunk, decode_heartbeat, encode_request,
-                                                 HEARTBEAT_TOPIC, ProtocolError, RequestKey, REQUESTS_TOPIC, topic)
+from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_chunk, decode_heartbeat,
+                                                 encode_request, HEARTBEAT_TOPIC, ProtocolError, REQUEST_TYPE,
+                                                 RequestKey, REQUESTS_TOPIC, topic)
 from vla_policy_node.server.pool import rendezvous, ServerPool
 
 REMOTE_COUNTERS = ('control_steps', 'prefix_passes', 'cache_resets', 'remote_requests',
@@ -99,9 +99,10 @@ class RemoteInference:
         self._requests: dict[str, Publisher] = {}
         for server in self._pool.servers:
             self._requests[server] = node.create_publisher(
-                UInt8MultiArray, topic(server, REQUESTS_TOPIC), REMOTE_REQUEST_QOS)
-            node.create_subscription(UInt8MultiArray, topic(server, CHUNKS_TOPIC),
-                                     partial(self._on_answer, server), REMOTE_FLEET_QOS)
+                REQUEST_TYPE, topic(server, REQUESTS_TOPIC), REMOTE_REQUEST_QOS)
+            # Raw: the answer is deserialized by decode_chunk, so bytes that are not one are refused there.
+            node.create_subscription(ANSWER_TYPE, topic(server, CHUNKS_TOPIC),
+                                     partial(self._on_answer, server), REMOTE_FLEET_QOS, raw=True)
             node.create_subscription(DiagnosticStatus, topic(server, HEARTBEAT_TOPIC),
                                      partial(self._on_heartbeat, server), HEARTBEAT_QOS)
         self._thread = threading.Thread(target=self._watch, name='vla_remote_deadline', daemon=True)
@@ -242,7 +243,7 @@ class RemoteInference:
         if found:
             self._inform(f'policy server {server} is live (run {instance})')
 
-    def _on_answer(self, server: str, msg: UInt8MultiArray) -> None:
+    def _on_answer(self, server: str, msg: bytes) -> None:
         try:
             answer = decode_chunk(msg)
         except ProtocolError as error:

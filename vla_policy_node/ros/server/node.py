@@ -4,7 +4,7 @@
 
 Robots run ``vla_policy_node`` with ``inference: remote``; each keeps its control loop and
 every safety decision (deadline, staleness, episodes, limits) on board. This node only
-computes: it decodes requests from ``~/requests`` (wire format: ``remote_protocol``), hands
+computes: it decodes requests from ``~/requests`` (wire format: ``ros/server/protocol.py``), hands
 them to the ROS-free :class:`BatchServer`, which runs every request waiting when it is free
 as one batch (continuous batching: one prefix pass, one denoising loop), and publishes
 each answer on ``~/chunks``. A heartbeat on ``~/heartbeat`` every ``heartbeat_period`` seconds
@@ -33,7 +33,6 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 import numpy as np
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.node import Node
-from std_msgs.msg import UInt8MultiArray
 
 from vla_policy_node.server.batching import BatchConfig, BatchServer, ServedChunk, ServedRequest
 from vla_policy_node.control.inference import FAULT_RAISED
@@ -43,9 +42,9 @@ from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSp
 from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
-from vla_policy_node.ros.server.protocol import (CHUNKS_TOPIC, decode_request, decode_request_key, encode_chunk,
-                                                 encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError, RequestKey,
-                                                 REQUESTS_TOPIC, WireRequest)
+from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_request, decode_request_key,
+                                                 encode_chunk, encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError,
+                                                 REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, WireRequest)
 
 NODE_NAME = 'vla_policy_server'
 POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
@@ -123,12 +122,13 @@ class PolicyServerNode(Node):
         self._bad_requests = 0
         self._masked_cameras_logged: set[str] = set()
         self._troubles_reported = 0
-        self._chunks = self.create_publisher(UInt8MultiArray, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
+        self._chunks = self.create_publisher(ANSWER_TYPE, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         self._server = BatchServer(self._policy, self._answer, BatchConfig(
             self._settings.batch_window, self._settings.batch_max_size, MAX_ROBOTS))
-        self.create_subscription(UInt8MultiArray, f'~/{REQUESTS_TOPIC}', self._on_request,
-                                 REMOTE_FLEET_QOS)
+        # Raw: decode_request deserializes, so bytes that are not a request are refused, not raised.
+        self.create_subscription(REQUEST_TYPE, f'~/{REQUESTS_TOPIC}', self._on_request,
+                                 REMOTE_FLEET_QOS, raw=True)
         self.create_timer(self._settings.diagnostics_period, self._publish_diagnostics)
         self._instance = secrets.token_hex(8)
         self._heartbeats = self.create_publisher(DiagnosticStatus, f'~/{HEARTBEAT_TOPIC}', HEARTBEAT_QOS)
@@ -145,7 +145,7 @@ class PolicyServerNode(Node):
             self._heartbeats.publish(encode_heartbeat(self.get_fully_qualified_name(), self._instance,
                                                       self._settings.heartbeat_period, self._server.queued))
 
-    def _on_request(self, msg: UInt8MultiArray) -> None:
+    def _on_request(self, msg: bytes) -> None:
         try:
             request = decode_request(msg)
             problem = self._mismatch(request)
@@ -172,7 +172,7 @@ class PolicyServerNode(Node):
             self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
         return None
 
-    def _refuse(self, msg: UInt8MultiArray, request: WireRequest | None, problem: str) -> None:
+    def _refuse(self, msg: bytes, request: WireRequest | None, problem: str) -> None:
         """Count and log a refused request; answer it with the reason where its key can be read."""
         self._bad_requests += 1
         self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)

@@ -1,61 +1,77 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-The robot <-> ``vla_policy_server`` wire format: a topic pair of ``std_msgs/UInt8MultiArray``.
+The robot <-> ``vla_policy_server`` wire format: a topic pair of ``vla_policy_interfaces`` messages.
 
 Topics (relative to the server's name, default ``/vla_policy_server``): robots publish
-requests on ``<server>/requests``; the server answers every robot on ``<server>/chunks``,
-and each robot keeps the answers addressed to it (``robot`` = its fully qualified node name)
-whose ``session``, ``request_id``, ``episode`` and ``obs_time`` (the :class:`RequestKey`,
-returned untouched) are those of the request it awaits. ``session`` is drawn at random when a
-robot's remote client starts, so an answer to a request of an earlier run of the same robot
-(whose ids started from 0 too) is never taken for an answer of this one.
+``vla_policy_interfaces/msg/PolicyRequest`` on ``<server>/requests``; the server answers every
+robot with ``vla_policy_interfaces/msg/ActionChunk`` on ``<server>/chunks``, and each robot
+keeps the answers addressed to it (``key.robot`` = its fully qualified node name) whose
+``session``, ``request_id``, ``episode`` and ``obs_time`` (the :class:`RequestKey`, returned
+untouched) are those of the request it awaits. ``session`` is drawn at random when a robot's
+remote client starts, so an answer to a request of an earlier run of the same robot (whose ids
+started from 0 too) is never taken for an answer of this one.
+``ros2 interface show vla_policy_interfaces/msg/PolicyRequest`` (and ``ActionChunk``) explains
+every field; ``ros2 topic echo --no-arr <server>/chunks`` shows the answers.
 
-A message is a list of named segments: ``layout.dim[i].label`` names segment ``i`` and
-``layout.dim[i].size`` gives its length in bytes; ``data`` is the segments end to end. The
-first segment, ``meta``, is UTF-8 JSON; ``ros2 topic echo --no-arr`` shows the segment list.
+Request: ``version`` (``PolicyRequest.VERSION``, 3), ``key``, ``deadline`` (seconds the robot
+waits, 0: none), ``joints`` (J names), ``task``, ``state`` (J floats), ``images`` (one
+``CameraFrame`` per camera: its name and a ``sensor_msgs/Image``, rgb8 as robots send it) and
+``rtc`` (at most one ``RTCGuidance``: the committed actions, K x A float64 row-major, the delay,
+the weight, the guidance and its execution horizon, 0: all).
 
-Request segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
-"obs_time", "deadline": null | seconds the robot waits, "joints": [J names], "task",
-"state": [D floats], "images": {camera: [H, W]}, "rtc": null | {"shape": [K, A], "delay_steps",
-"max_guidance_weight", "guidance"}}``; ``image/<camera>``: rgb8 rows, H * W * 3 bytes;
-``rtc_prefix``: the committed actions, K * A little-endian float64.
+Answer: ``version``, ``key``, ``fault`` (empty, or why there is no chunk), ``error``, the chunk
+(``steps`` x ``action_dim`` float32, row-major; empty with a fault), ``queue_wait``,
+``compute`` (seconds) and ``batch_size``.
 
-Chunk segments: ``meta`` = ``{"version": 2, "robot", "session", "request_id", "episode",
-"obs_time", "fault": null | str, "error", "shape": [T, A], "queue_wait", "compute", "batch_size"}``
-(seconds); ``chunk``: T * A little-endian float32 (absent with a fault).
+This module is the only one that knows the layout: the ``encode_*`` functions build messages
+from plain values, the ``decode_*`` ones turn a message, or its serialized bytes, into the
+dataclasses below and check what the types cannot: the version, finite numbers, lengths that
+agree with the shapes they declare, image sizes and encodings, a camera named once. Anything
+else is a :class:`ProtocolError` naming the field, never an exception of the executor: the
+node and the robots subscribe to raw (serialized) messages, so bytes that are not the type
+(truncated, strings that are not UTF-8) are refused here too.
 
 Heartbeats: each server publishes a ``diagnostic_msgs/DiagnosticStatus`` on
 ``<server>/heartbeat`` every ``heartbeat_period`` seconds: ``name`` = the server's node name,
 ``hardware_id`` = its run (drawn at start), values ``period`` and ``queued`` (requests waiting).
 Robots count a server as lost when its heartbeats stop (``server.pool``).
 
-Why a topic pair and not a service: request ids give what a service would (which answer
-belongs to which request) without a blocking call, and one answer topic carries a whole batch.
-The segments predate the project's generated interface package (vla_policy_interfaces); typed
-messages there would replace this module's encoders and decoders only. Floats in JSON
-round-trip exactly (repr); times are the robot's own clock, returned untouched. No torch here.
+Why a topic pair and not a service or an action: a robot never blocks on a call (its loop
+keeps ticking and the deadline is its own), the request key gives what a service's pairing
+would, and one answer topic carries a whole batch. Versions 1 and 2 sent the same fields as
+``std_msgs/UInt8MultiArray`` segments with a JSON header; a robot of those versions and a server
+of this one do not match on DDS at all (the topic types differ), so the robot sees no server
+subscribed and holds at once with that reason. Times are the robot's own clock, returned
+untouched. No torch here.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-import json
 import math
 from typing import Any
 
-import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
-from std_msgs.msg import MultiArrayDimension, UInt8MultiArray
+import numpy as np
+from rclpy.serialization import deserialize_message
+from vla_policy_interfaces.msg import ActionChunk, CameraFrame, PolicyRequest
+from vla_policy_interfaces.msg import RequestKey as KeyMsg, RTCGuidance as RTCMsg
 
 from vla_policy_node.control.chunking import RTC_GUIDANCE, RTCGuidance
+from vla_policy_node.ros.conversions import ConversionError, image_to_rgb, rgb_to_image
 
-VERSION = 2
+VERSION = PolicyRequest.VERSION
 REQUESTS_TOPIC = 'requests'
 CHUNKS_TOPIC = 'chunks'
 HEARTBEAT_TOPIC = 'heartbeat'
+REQUEST_TYPE = PolicyRequest        # on <server>/requests
+ANSWER_TYPE = ActionChunk           # on <server>/chunks
 MAX_CAMERA_PIXELS = 4096 * 4096
-MAX_META_BYTES = 1 << 20        # a task, a state and a few shapes: far below; bounds json.loads
+MAX_TEXT = 1 << 16          # characters of the task or a name: far above any; bounds what is logged and kept
+MAX_JOINTS = 1024
+MAX_CHUNK_VALUES = 1 << 20  # steps x action_dim of a chunk or an RTC prefix
 
 
 class ProtocolError(ValueError):
@@ -71,11 +87,6 @@ class RequestKey:
     request_id: int
     episode: int
     obs_time: float     # the robot's clock; the server never reads it
-
-    def meta(self) -> dict[str, Any]:
-        """Return the key as meta fields."""
-        return {'robot': self.robot, 'session': self.session, 'request_id': int(self.request_id),
-                'episode': int(self.episode), 'obs_time': float(self.obs_time)}
 
 
 @dataclass(frozen=True)
@@ -107,205 +118,174 @@ def topic(server: str, name: str) -> str:
     return f"{server.rstrip('/')}/{name}"
 
 
-def _pack(meta: dict[str, Any], segments: Sequence[tuple[str, bytes]]) -> UInt8MultiArray:
-    parts = [('meta', json.dumps(meta).encode())] + list(segments)
-    msg = UInt8MultiArray()
-    msg.layout.dim = [MultiArrayDimension(label=label, size=len(data), stride=0)
-                      for label, data in parts]
-    msg.data = b''.join(data for _, data in parts)
-    return msg
+def _decoded(decode: Callable[[Any], Any], msg: Any, msg_type: type) -> Any:
+    """
+    Run ``decode`` on the message (deserialized first when it comes as bytes): errors are ProtocolErrors.
 
-
-def _unpack(msg: UInt8MultiArray, any_version: bool = False) -> tuple[dict[str, Any], dict[str, memoryview]]:
-    data = memoryview(msg.data).cast('B')
-    segments, offset = {}, 0
-    for dim in msg.layout.dim:
-        if offset + dim.size > len(data):
-            raise ProtocolError(f'segment {dim.label!r} runs past the end of data')
-        segments[dim.label] = data[offset:offset + dim.size]
-        offset += dim.size
-    if offset != len(data) or 'meta' not in segments:
-        raise ProtocolError('layout.dim must describe data exactly, starting with a meta segment')
-    if len(segments['meta']) > MAX_META_BYTES:
-        raise ProtocolError(f'meta is {len(segments["meta"])} bytes, more than {MAX_META_BYTES}')
+    rclpy's deserialization raises its own errors on bytes that are not the type; a check that
+    misses a case must still refuse the message rather than crash the callback.
+    """
     try:
-        meta = json.loads(bytes(segments.pop('meta')))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ProtocolError(f'meta is not JSON: {error}') from error
-    if not isinstance(meta, dict):
-        raise ProtocolError('meta must be a JSON object')
-    if not any_version and meta.get('version') != VERSION:
-        raise ProtocolError(f'meta.version must be {VERSION}, got {meta.get("version")!r}')
-    return meta, segments
+        if isinstance(msg, (bytes, bytearray, memoryview)):
+            msg = deserialize_message(bytes(msg), msg_type)
+        if not isinstance(msg, msg_type):
+            raise ProtocolError(f'a {msg_type.__name__} was expected, got {type(msg).__name__}')
+        return decode(msg)
+    except ProtocolError:
+        raise
+    except Exception as error:  # noqa: B902 - rclpy's RMWError, UnicodeDecodeError and whatever a bad buffer provokes
+        raise ProtocolError(f'malformed message: {type(error).__name__}: {str(error)[:200]}') from error
 
 
-def _field(meta: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = meta.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ProtocolError(f'meta.{name} is missing or not {kind}')
+def _text(value: str, field: str, empty: bool = False) -> str:
+    """Check a string field; rclpy decodes bytes that are not UTF-8 as U+FFFD, refused here."""
+    if len(value) > MAX_TEXT or not (empty or value):
+        raise ProtocolError(f'{field} must be {"" if empty else "non-empty "}text of at most {MAX_TEXT} characters')
+    if '\ufffd' in value:
+        raise ProtocolError(f'{field} is not UTF-8')
     return value
 
 
-def _finite(meta: dict[str, Any], name: str) -> float:
-    value = float(_field(meta, name, (int, float)))
+def _finite(value: float, field: str) -> float:
     if not math.isfinite(value):
-        raise ProtocolError(f'meta.{name} must be finite')
-    return value
+        raise ProtocolError(f'{field} must be finite, got {value!r}')
+    return float(value)
+
+
+def _matrix(values: Any, rows: int, cols: int, dtype: str, field: str, shape: str) -> np.ndarray:
+    """``values`` as a finite (rows, cols) float64 array; ProtocolError naming ``field`` otherwise."""
+    if rows * cols > MAX_CHUNK_VALUES:
+        raise ProtocolError(f'{field}: {rows} x {cols} is more than {MAX_CHUNK_VALUES} values')
+    data = np.asarray(values, dtype=dtype)
+    if data.shape != (rows * cols,):
+        raise ProtocolError(f'{field} must hold {shape} = {rows} x {cols} values, got {data.size}')
+    if not np.isfinite(data).all():
+        raise ProtocolError(f'{field} must be finite')
+    return data.reshape(rows, cols).astype(np.float64)
+
+
+# ---------------------------------------------------------------------- keys
+def _key_msg(key: RequestKey) -> KeyMsg:
+    return KeyMsg(robot=key.robot, session=key.session, request_id=int(key.request_id),
+                  episode=int(key.episode), obs_time=float(key.obs_time))
+
+
+def _key(msg: KeyMsg) -> RequestKey:
+    return RequestKey(robot=_text(msg.robot, 'key.robot'), session=_text(msg.session, 'key.session'),
+                      request_id=int(msg.request_id), episode=int(msg.episode),
+                      obs_time=_finite(msg.obs_time, 'key.obs_time'))
 
 
 # ---------------------------------------------------------------------- requests
 def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str, Any],
-                   rtc: RTCGuidance | None, deadline: float | None = None) -> UInt8MultiArray:
+                   rtc: RTCGuidance | None, deadline: float | None = None) -> PolicyRequest:
     """Build a request from the loop's observation (images, state, task) and the chunk request."""
-    images = {name: np.ascontiguousarray(rgb, dtype=np.uint8)
-              for name, rgb in observation['images'].items()}
-    meta = {'version': VERSION, **key.meta(), 'deadline': deadline, 'joints': list(joints),
-            'task': observation['task'],
-            'state': [float(x) for x in np.asarray(observation['state']).ravel()],
-            'images': {name: list(rgb.shape[:2]) for name, rgb in images.items()}, 'rtc': None}
-    segments = [(f'image/{name}', rgb.tobytes()) for name, rgb in images.items()]
+    msg = PolicyRequest(version=VERSION, key=_key_msg(key), deadline=float(deadline or 0.0), joints=list(joints),
+                        task=observation['task'])
+    msg.state = array('d', np.ascontiguousarray(observation['state'], dtype=np.float64).tobytes())
+    msg.images = [CameraFrame(camera=name, image=rgb_to_image(rgb)) for name, rgb in observation['images'].items()]
     if rtc is not None:
-        prefix = np.ascontiguousarray(rtc.prefix, dtype='<f8')
-        meta['rtc'] = {'shape': list(prefix.shape), 'delay_steps': int(rtc.delay_steps),
-                       'max_guidance_weight': float(rtc.max_guidance_weight),
-                       'guidance': rtc.guidance, 'execution_horizon': rtc.execution_horizon}
-        segments.append(('rtc_prefix', prefix.tobytes()))
-    return _pack(meta, segments)
+        prefix = np.ascontiguousarray(rtc.prefix, dtype=np.float64)
+        msg.rtc = [RTCMsg(rows=prefix.shape[0], cols=prefix.shape[1], prefix=array('d', prefix.tobytes()),
+                          delay_steps=int(rtc.delay_steps), max_guidance_weight=float(rtc.max_guidance_weight),
+                          guidance=rtc.guidance, execution_horizon=int(rtc.execution_horizon or 0))]
+    return msg
 
 
-def _decoded(decode: Callable[[UInt8MultiArray], Any], msg: UInt8MultiArray) -> Any:
+def decode_request(msg: PolicyRequest | bytes) -> WireRequest:
+    """Decode a request (a message or its serialized bytes); ProtocolError if malformed."""
+    return _decoded(_decode_request, msg, PolicyRequest)
+
+
+def decode_request_key(msg: PolicyRequest | bytes) -> RequestKey:
     """
-    Run ``decode``; whatever hostile bytes provoke in it is a ProtocolError, never a crash.
-
-    Valid JSON can still be deeply nested (RecursionError), hold a 5,000-digit integer
-    (ValueError), a number beyond float (OverflowError) or a list of the wrong things (TypeError).
-    """
-    try:
-        return decode(msg)
-    except ProtocolError:
-        raise
-    except (ValueError, TypeError, OverflowError, RecursionError, KeyError, AttributeError) as error:
-        raise ProtocolError(f'malformed message: {type(error).__name__}: {str(error)[:200]}') from error
-
-
-def decode_request(msg: UInt8MultiArray) -> WireRequest:
-    """Decode a request; ProtocolError if malformed."""
-    return _decoded(_decode_request, msg)
-
-
-def decode_request_key(msg: UInt8MultiArray) -> RequestKey:
-    """
-    Read only the key of a request, whatever its version; ProtocolError if even that is missing.
+    Read only the key of a request, whatever its version; ProtocolError if even that is unreadable.
 
     The server answers a request it refuses with a fault under this key, so the robot learns
     why at once instead of waiting out its deadline.
     """
-    return _decoded(lambda m: _key(_unpack(m, any_version=True)[0]), msg)
+    return _decoded(lambda m: _key(m.key), msg, PolicyRequest)
 
 
-def _key(meta: dict[str, Any]) -> RequestKey:
-    return RequestKey(robot=_field(meta, 'robot', str), session=_field(meta, 'session', str),
-                      request_id=_field(meta, 'request_id', int), episode=_field(meta, 'episode', int),
-                      obs_time=_finite(meta, 'obs_time'))
-
-
-def _decode_request(msg: UInt8MultiArray) -> WireRequest:
-    meta, segments = _unpack(msg)
-    key = _key(meta)
-    joints = _field(meta, 'joints', list)
-    if not joints or not all(isinstance(name, str) and name for name in joints):
-        raise ProtocolError('meta.joints must be a list of joint names')
-    task = _field(meta, 'task', str)
-    state = _field(meta, 'state', list)
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in state):
-        raise ProtocolError('meta.state must be a list of finite numbers')
-    state = np.asarray(state, dtype=np.float64)
-    if state.ndim != 1 or not np.isfinite(state).all():
-        raise ProtocolError('meta.state must be a list of finite numbers')
+def _decode_request(msg: PolicyRequest) -> WireRequest:
+    if msg.version != VERSION:
+        raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
+    key = _key(msg.key)
+    joints = tuple(msg.joints)
+    if not 0 < len(joints) <= MAX_JOINTS:
+        raise ProtocolError(f'joints must be 1 to {MAX_JOINTS} joint names, got {len(joints)}')
+    for name in joints:
+        _text(name, 'joints[]')
+    task = _text(msg.task, 'task', empty=True)
+    state = np.asarray(msg.state, dtype=np.float64)
+    if state.shape != (len(joints),):
+        raise ProtocolError(f'state must hold one value per joint: {len(joints)} joints, {state.size} values')
+    with np.errstate(over='ignore'):
+        finite = np.isfinite(state.astype(np.float32)).all()
+    if not finite:
+        raise ProtocolError('state must be finite (as float32)')
     images = {}
-    for name, size in _field(meta, 'images', dict).items():
-        if (not isinstance(size, list) or len(size) != 2
-                or not all(isinstance(n, int) and n > 0 for n in size)
-                or size[0] * size[1] > MAX_CAMERA_PIXELS):
-            raise ProtocolError(f'meta.images[{name!r}] must be [H, W], positive, at most '
-                                f'{MAX_CAMERA_PIXELS} pixels')
-        raw = segments.get(f'image/{name}')
-        if raw is None or len(raw) != size[0] * size[1] * 3:
-            raise ProtocolError(f'segment image/{name} must hold {size[0]} x {size[1]} x 3 bytes')
-        images[name] = np.frombuffer(raw, np.uint8).reshape(size[0], size[1], 3)
-    rtc = None
-    spec = meta.get('rtc')
-    if spec is not None:
-        rtc = _decode_rtc(spec, segments.get('rtc_prefix'))
-    deadline = None
-    if meta.get('deadline') is not None:
-        deadline = _finite(meta, 'deadline')
-        if deadline <= 0:
-            raise ProtocolError('meta.deadline must be null or > 0 s')
+    for frame in msg.images:
+        name = _text(frame.camera, 'images[].camera')
+        if name in images:
+            raise ProtocolError(f'images: camera {name!r} is sent twice')
+        try:
+            images[name] = image_to_rgb(frame.image, MAX_CAMERA_PIXELS)
+        except ConversionError as error:
+            raise ProtocolError(f'images[{name!r}]: {error}') from error
+    rtc = _decode_rtc(msg.rtc[0]) if msg.rtc else None
+    deadline = _finite(msg.deadline, 'deadline')
+    if deadline < 0:
+        raise ProtocolError('deadline must be 0 (none) or > 0 s')
     observation = {'images': images, 'state': state.astype(np.float32), 'task': task}
-    return WireRequest(key, tuple(joints), observation, rtc, deadline)
+    return WireRequest(key, joints, observation, rtc, deadline or None)
 
 
-def _decode_rtc(spec: Any, raw: memoryview | None) -> RTCGuidance:
-    if not isinstance(spec, dict):
-        raise ProtocolError('meta.rtc must be null or an object')
-    shape = _field(spec, 'shape', list)
-    if len(shape) != 2 or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise ProtocolError('meta.rtc.shape must be [K, A]')
-    if raw is None or len(raw) != shape[0] * shape[1] * 8:
-        raise ProtocolError(f'segment rtc_prefix must hold {shape[0]} x {shape[1]} float64')
-    prefix = np.frombuffer(raw, '<f8').reshape(shape).astype(np.float64)
-    delay = _field(spec, 'delay_steps', int)
-    if not 0 <= delay <= shape[0]:
-        raise ProtocolError(f'meta.rtc.delay_steps must be in [0, {shape[0]}]')
-    weight = _finite(spec, 'max_guidance_weight')
-    guidance = _field(spec, 'guidance', str)
-    if guidance not in RTC_GUIDANCE or weight <= 0 or not np.isfinite(prefix).all():
-        raise ProtocolError(f'meta.rtc: guidance one of {RTC_GUIDANCE}, max_guidance_weight > 0 '
-                            'and a finite prefix are required')
-    horizon = spec.get('execution_horizon')
-    if horizon is not None and not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 1):
-        raise ProtocolError('meta.rtc.execution_horizon must be null or an integer >= 1')
+def _decode_rtc(msg: RTCMsg) -> RTCGuidance:
+    prefix = _matrix(msg.prefix, msg.rows, msg.cols, np.float64, 'rtc.prefix', 'rows x cols')
+    if not msg.delay_steps <= msg.rows:
+        raise ProtocolError(f'rtc.delay_steps must be in [0, {msg.rows}], got {msg.delay_steps}')
+    weight = _finite(msg.max_guidance_weight, 'rtc.max_guidance_weight')
+    if msg.guidance not in RTC_GUIDANCE or weight <= 0:
+        raise ProtocolError(f'rtc: guidance one of {RTC_GUIDANCE} and max_guidance_weight > 0 are required')
     prefix.setflags(write=False)
-    return RTCGuidance(prefix, delay, weight, guidance, horizon)
+    return RTCGuidance(prefix, int(msg.delay_steps), weight, msg.guidance, int(msg.execution_horizon) or None)
 
 
 # ---------------------------------------------------------------------- answers
 def encode_chunk(key: RequestKey, chunk: np.ndarray | None, fault: str | None, error: str,
-                 queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> UInt8MultiArray:
-    """Build the answer to one request: the chunk (T, A), or a fault with its reason."""
-    meta = {'version': VERSION, **key.meta(), 'fault': fault, 'error': error, 'shape': None,
-            'queue_wait': queue_wait, 'compute': compute, 'batch_size': batch_size}
-    segments = []
-    if chunk is not None:
-        data = np.ascontiguousarray(chunk, dtype='<f4')
-        meta['shape'] = list(data.shape)
-        segments.append(('chunk', data.tobytes()))
-    return _pack(meta, segments)
+                 queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> ActionChunk:
+    """Build the answer to one request: the chunk (T, A), or a fault with its reason (and no chunk)."""
+    msg = ActionChunk(version=VERSION, key=_key_msg(key), fault=fault or '', error=error,
+                      queue_wait=float(queue_wait), compute=float(compute), batch_size=int(batch_size))
+    if chunk is not None and not fault:
+        data = np.ascontiguousarray(chunk, dtype=np.float32)
+        msg.steps, msg.action_dim = data.shape
+        msg.actions = array('f', data.tobytes())
+    return msg
 
 
-def decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
-    """Decode an answer; ProtocolError if malformed."""
-    return _decoded(_decode_chunk, msg)
+def decode_chunk(msg: ActionChunk | bytes) -> ChunkAnswer:
+    """Decode an answer (a message or its serialized bytes); ProtocolError if malformed."""
+    return _decoded(_decode_chunk, msg, ActionChunk)
 
 
-def _decode_chunk(msg: UInt8MultiArray) -> ChunkAnswer:
-    meta, segments = _unpack(msg)
-    fault = meta.get('fault')
+def _decode_chunk(msg: ActionChunk) -> ChunkAnswer:
+    if msg.version != VERSION:
+        raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
+    key = _key(msg.key)
+    fault = _text(msg.fault, 'fault', empty=True) or None
     chunk = None
     if fault is None:
-        shape = _field(meta, 'shape', list)
-        raw = segments.get('chunk')
-        if (len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape)
-                or raw is None or len(raw) != shape[0] * shape[1] * 4):
-            raise ProtocolError('meta.shape must be [T, A] and segment chunk hold T x A float32')
-        chunk = np.frombuffer(raw, '<f4').reshape(shape).astype(np.float64)
-    elif not isinstance(fault, str):
-        raise ProtocolError('meta.fault must be null or a string')
-    return ChunkAnswer(
-        key=_key(meta), chunk=chunk,
-        fault=fault, error=str(meta.get('error', '')), queue_wait=_finite(meta, 'queue_wait'),
-        compute=_finite(meta, 'compute'), batch_size=_field(meta, 'batch_size', int))
+        if msg.steps == 0 or msg.action_dim == 0:
+            raise ProtocolError('an answer without a fault must carry a chunk: steps and action_dim > 0')
+        chunk = _matrix(msg.actions, msg.steps, msg.action_dim, np.float32, 'actions', 'steps x action_dim')
+    elif len(msg.actions) or msg.steps or msg.action_dim:
+        raise ProtocolError(f'an answer with a fault ({fault!r}) must carry no chunk')
+    batch_size = int(msg.batch_size)
+    return ChunkAnswer(key=key, chunk=chunk, fault=fault, error=_text(msg.error, 'error', empty=True),
+                       queue_wait=_finite(msg.queue_wait, 'queue_wait'), compute=_finite(msg.compute, 'compute'),
+                       batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------- heartbeats
