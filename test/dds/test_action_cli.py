@@ -35,12 +35,12 @@ from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, ros_env, wa
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from vla_policy_node.ros.qos import COMMAND_QOS  # noqa: E402
-from vla_policy_node.sim import SHIPPED_CHECKPOINT  # noqa: E402
+from vla_policy_node.sim import PLANAR_CHECKPOINT  # noqa: E402
 
 pytestmark = pytest.mark.dds
 ROOT = Path(__file__).resolve().parents[2]
 INTERFACES = ROOT / 'interfaces' / 'vla_policy_interfaces'
-DEMO = DEFAULT_CONFIG.parent / 'demo.yaml'
+DEMO = DEFAULT_CONFIG.parent / 'planar.yaml'     # the planar test arm: episodes in seconds
 ACTION = '/vla_policy_node/run_instruction'
 ACTION_TYPE = 'vla_policy_interfaces/action/RunInstruction'
 COLOURS = ('red', 'green', 'blue')
@@ -139,7 +139,7 @@ class Commands:
 def system():
     """Start the node and the goal-driven arm; yield (ros2's environment, the node, the command probe, the task)."""
     domain = next_domain_id()
-    node = NodeProcess([DEFAULT_CONFIG, DEMO], domain, ('-p', f'checkpoint:={SHIPPED_CHECKPOINT}'),
+    node = NodeProcess([DEFAULT_CONFIG, DEMO], domain, ('-p', f'checkpoint:={PLANAR_CHECKPOINT}'),
                        random_weights=False)
     robot = NodeProcess([DEMO], domain, ('-p', 'goal_driven:=true', '-p', 'episodes:=0'), random_weights=False,
                         executable='vla_policy_sim_robot')

@@ -39,8 +39,14 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     share = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'vla_policy_node'
     for name in ('package.xml', 'launch/vla_policy.launch.py', 'config/default.yaml',
-                 'config/demo.yaml', 'config/fastdds_shm.xml'):
+                 'config/demo.yaml', 'config/so101.yaml', 'config/planar.yaml', 'config/fastdds_shm.xml'):
         assert (share / name).is_file(), name
+    # The SO-101's model and policy are package data, installed beside the module.
+    so101 = list((tmp_path / 'install' / 'vla_policy_node').glob('lib/python*/site-packages/vla_policy_node/sim/so101'))
+    assert so101, 'vla_policy_node.sim.so101 was not installed'
+    for name in ('assets/touch_scene.xml', 'assets/so101_new_calib.xml', 'assets/meshes/base_so101_v2.stl',
+                 'assets/LICENSE', 'touch_policy/config.json', 'touch_policy/model.safetensors'):
+        assert (so101[0] / name).is_file(), name
     index = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'ament_index'
     assert (index / 'resource_index' / 'packages' / 'vla_policy_node').is_file()
     lib = tmp_path / 'install' / 'vla_policy_node' / 'lib' / 'vla_policy_node'

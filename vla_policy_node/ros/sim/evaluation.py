@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--checkpoint', type=Path, default=None,
                         help="the policy to evaluate; none: the robot's shipped one")
     parser.add_argument('--episodes', type=int, default=20, help='episodes per mode, each a new layout')
-    parser.add_argument('--seed', type=int, default=100, help='layouts (training used seed 0)')
+    parser.add_argument('--seed', type=int, default=100, help='layouts (training recorded seeds 0 and 7919)')
     parser.add_argument('--max-steps', type=int, default=None,
-                        help='control ticks per episode; none: 90 for so101 (3 s at 30 Hz), 100 for planar (5 s at 20 Hz)')
+                        help='control ticks per episode; none: 90 for so101 (3 s), 100 for planar (5 s)')
     parser.add_argument('--instruction', default='', help='send this instead of each episode\'s instruction')
     parser.add_argument('--random-weights', action='store_true', help='re-initialise the weights (baseline)')
     parser.add_argument('--no-dds', action='store_true', help='only the run without ROS')
