@@ -74,20 +74,12 @@ def installed_executable(name: str = 'vla_policy_node') -> Path:
         raise AssertionError(str(missing)) from None
 
 
-class NodeProcess:
-    """The installed node as a subprocess, its merged stdout/stderr collected by a thread."""
+class OutputProcess:
+    """A subprocess whose merged stdout/stderr a thread collects line by line."""
 
-    def __init__(self, params_files: list[Path], domain_id: int,
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 random_weights: bool = True, executable: str = 'vla_policy_node',
-                 command: tuple[str, ...] | None = None) -> None:
-        args = list(command or (str(installed_executable(executable)),)) + ['--ros-args']
-        for params in params_files:
-            args += ['--params-file', str(params)]
-        args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)
-        self.process = subprocess.Popen(
-            args, env={**ros_env(domain_id), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, cwd=ROOT)
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, cwd=ROOT)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -124,6 +116,20 @@ class NodeProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5.0)
+
+
+class NodeProcess(OutputProcess):
+    """The installed node (or ``command``) as a subprocess on its own domain."""
+
+    def __init__(self, params_files: list[Path], domain_id: int,
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 random_weights: bool = True, executable: str = 'vla_policy_node',
+                 command: tuple[str, ...] | None = None) -> None:
+        args = list(command or (str(installed_executable(executable)),)) + ['--ros-args']
+        for params in params_files:
+            args += ['--params-file', str(params)]
+        args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)
+        super().__init__(args, {**ros_env(domain_id), **(env or {})})
 
 
 # The policy server, started from the code under test (the console script may predate it).

@@ -31,7 +31,7 @@ from launch_setup import ros2_command  # noqa: E402
 import pytest  # noqa: E402
 import rclpy  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
-from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, ros_env, wait_until  # noqa: E402
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, OutputProcess, ros_env, wait_until  # noqa: E402
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from vla_policy_node.ros.qos import COMMAND_QOS  # noqa: E402
@@ -78,24 +78,12 @@ def test_ros2_interface_show_expands_the_policy_servers_messages():
         assert line in shown.stdout, f'{line!r} not in\n{shown.stdout}'
 
 
-class SendGoal:
+class SendGoal(OutputProcess):
     """``ros2 action send_goal --feedback`` in the background, its output collected by a thread."""
 
     def __init__(self, env: dict[str, str], instruction: str, time_limit: float = 0.0) -> None:
         goal = f"{{instruction: '{instruction}', time_limit: {time_limit}}}"
-        self.process = subprocess.Popen([ros2_command(), 'action', 'send_goal', '--feedback', ACTION, ACTION_TYPE,
-                                         goal], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip('\n'))
-
-    @property
-    def output(self) -> str:
-        return '\n'.join(self.lines)
+        super().__init__([ros2_command(), 'action', 'send_goal', '--feedback', ACTION, ACTION_TYPE, goal], env)
 
     def wait_for(self, text: str, timeout: float, count: int = 1) -> bool:
         return wait_until(lambda: self.output.count(text) >= count, timeout)

@@ -81,11 +81,12 @@ class TouchEnv:
 
     def drive(self, target: np.ndarray | None, seconds: float) -> None:
         """Drive the joints toward ``target`` for ``seconds`` at the motors' maximum velocity (None: hold)."""
-        if target is None:
-            return
-        target = self.arm.clip(np.asarray(target, dtype=np.float64))
-        limit = self.arm.max_velocity * seconds
-        self.q = self.arm.clip(self.q + np.clip(target - self.q, -limit, limit))
+        if target is not None:
+            target = self.arm.clip(np.asarray(target, dtype=np.float64))
+            limit = self.arm.max_velocity * seconds
+            self.q = self.arm.clip(self.q + np.clip(target - self.q, -limit, limit))
+        if self.scene is not None:
+            self.success = self.success or self.is_touching()
 
     def step(self, action: np.ndarray) -> tuple[dict, bool, bool]:
         """Apply one action (J,) for one tick -> (observation, success, done)."""
@@ -94,7 +95,6 @@ class TouchEnv:
             raise ValueError(f"action must be {self.arm.num_joints} finite joint positions, got {action}")
         self.drive(action, self.dt)
         self.steps += 1
-        self.success = self.success or self.is_touching()
         return self.observation(), self.success, self.success or self.steps >= self.max_steps
 
     def is_touching(self) -> bool:

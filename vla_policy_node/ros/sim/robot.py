@@ -202,7 +202,7 @@ class SimRobot(Node):
                 target[list(joints)] = desired
         self._env.drive(target, now - self._last_physics)
         self._last_physics = now
-        if self._phase == 'running' and (self._env.success or self._env.is_touching()):
+        if self._phase == 'running' and self._env.success:      # a touch since the episode began
             self._success = True
         msg = JointState(name=self._joints, position=self._env.q.tolist())
         msg.header.stamp = self.get_clock().now().to_msg()
