@@ -96,6 +96,25 @@ def test_a_node_that_fails_at_start_fails_the_launch(env, tmp_path):
     assert not list(temp.iterdir()), 'a parameter file of the launch was left in the temp folder'
 
 
+BAD_PARAMETER_FILES = {
+    'an integer for a double': ('control_rate_hz: 20', "must be a double in [1.0, 1000.0]"),
+    'an unknown key': ('max_stepp: 0.1', "unknown parameters: ['max_stepp']"),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD_PARAMETER_FILES))
+@pytest.mark.parametrize('lifecycle', ['false', 'true'])
+def test_a_bad_parameter_file_ends_the_launch_with_one_fatal_line(env, tmp_path, case, lifecycle):
+    """Once the FATAL line was followed by a 40-line double traceback (a node built only in part, destroyed)."""
+    line, said = BAD_PARAMETER_FILES[case]
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text(f'/**:\n  ros__parameters:\n    {line}\n')
+    result = ros2(env, *LAUNCH, f'params_files:={bad}', f'lifecycle:={lifecycle}', timeout=120.0)
+    assert result.returncode != 0, result.stdout
+    assert result.stdout.count('cannot start') == 1 and said in result.stdout, result.stdout
+    assert 'Traceback' not in result.stdout, result.stdout
+
+
 def test_a_config_file_that_is_not_there_is_named(env, tmp_path):
     result = ros2(env, *LAUNCH, f'config_file:={tmp_path / "nope.yaml"}')
     assert result.returncode != 0

@@ -344,6 +344,21 @@ def test_a_command_line_rcl_refuses_ends_in_the_nodes_line(tmp_path, case, args,
     assert 'Traceback' not in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize('executable', ['vla_policy_node', 'vla_policy_lifecycle_node'])
+@pytest.mark.parametrize('line, said', [('control_rate_hz: 20', 'must be a double in [1.0, 1000.0]'),
+                                        ('max_stepp: 0.1', "unknown parameters: ['max_stepp']")])
+def test_a_bad_parameter_file_ends_in_the_fatal_line_alone(tmp_path, executable, line, said):
+    """``ros2 run``'s way: once the FATAL line was followed by a double traceback (a half-built node destroyed)."""
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text(f'/**:\n  ros__parameters:\n    {line}\n')
+    result = subprocess.run([str(installed_executable(executable)), '--ros-args', '--params-file', str(DEFAULT_CONFIG),
+                             '--params-file', str(bad)], env=ros_env(next_domain_id()), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout
+    assert result.stdout.count('cannot start') == 1 and said in result.stdout, result.stdout
+    assert 'Traceback' not in result.stdout, result.stdout
+
+
 def test_the_simulated_robot_ends_on_sigterm_with_its_summary_not_a_traceback():
     robot = subprocess.Popen(
         [str(installed_executable('vla_policy_sim_robot')), '--ros-args', '--params-file',

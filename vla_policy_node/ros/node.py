@@ -108,6 +108,7 @@ class PolicyWiring:
         self._loop: ControlLoop | None = None           # None until wired (lifecycle: configured)
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
+        self._task: TaskAction | None = None             # None while the parameters are refused
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         # Limits and the age limits only tighten from here on; loosening them takes a restart.
         self._envelope = loop_settings(self._settings).limits
@@ -369,8 +370,13 @@ class PolicyWiring:
         return self._worker.alive
 
     def destroy_node(self) -> None:
-        """Destroy the action server and the polled joint-state subscription first: they keep the node's handle."""
-        self._task.destroy()
+        """
+        Destroy the action server and the polled joint-state subscription first: they keep the node's handle.
+
+        Also called by rclpy's shutdown on a node whose parameters were refused, built only in part.
+        """
+        if self._task is not None:
+            self._task.destroy()
         if self._joint_states is not None:
             self._joint_states.destroy()
         super().destroy_node()
