@@ -128,3 +128,30 @@ def test_frames_are_converted_and_resized_on_the_policy_device(reference_dir, fa
     assert len(pre.images) == len(policy.camera_names) >= 1
     assert all(t.device.type == "meta" for t in [*pre.images, *pre.image_masks])
     assert all(tuple(im.shape[-2:]) == policy.preprocessor.image_size for im in pre.images)
+
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "lerobot061"
+
+
+@pytest.mark.parametrize("field, value", [("use_relative_actions", "false"), ("use_relative_actions", 0),
+                                          ("train_expert_only", "true"), ("use_cache", None)])
+def test_a_boolean_config_field_given_otherwise_is_refused_by_name(tmp_path, field, value):
+    """``"use_relative_actions": "false"`` once loaded as on (a non-empty string is true); LeRobot refuses it."""
+    folder = tmp_path / "pi0_relative"
+    shutil.copytree(FIXTURES / "pi0_relative", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"{field} must be true or false"):
+        load_policy(folder, device="cpu")
+
+
+@pytest.mark.parametrize("pipeline", ["policy_preprocessor.json", "policy_postprocessor.json"])
+def test_a_processor_step_enabled_as_a_string_is_refused(tmp_path, pipeline):
+    folder = tmp_path / "pi0_relative"
+    shutil.copytree(FIXTURES / "pi0_relative", folder)
+    text = (folder / pipeline).read_text()
+    assert '"enabled": true' in text
+    (folder / pipeline).write_text(text.replace('"enabled": true', '"enabled": "false"'))
+    with pytest.raises(CheckpointError, match="enabled must be true or false"):
+        load_policy(folder, device="cpu")

@@ -159,6 +159,22 @@ def config_value(config: dict, key: str, kind: type | tuple[type, ...], default:
     return value
 
 
+# Boolean fields of LeRobot's SmolVLA, pi0 and pi0.5 configs (0.4-0.6). draccus refuses a string there
+# when LeRobot loads the config; read with Python's truth, "false" would be on.
+LEROBOT_BOOL_FIELDS = ("adapt_to_pi_aloha", "add_image_special_tokens", "compile_model", "freeze_vision_encoder",
+                       "gradient_checkpointing", "load_vlm_weights", "push_to_hub", "train_expert_only",
+                       "train_state_proj", "use_amp", "use_cache", "use_delta_joint_actions_aloha", "use_peft",
+                       "use_relative_actions")
+
+
+def check_bool_fields(config: dict, fields: typing.Iterable[str], source: str) -> None:
+    """Refuse, by name, a boolean field given as anything but a JSON boolean (``"false"`` is a string)."""
+    for key in fields:
+        if key in config and not isinstance(config[key], bool):
+            raise CheckpointError(f"{source}: {key} must be true or false (a JSON boolean), got "
+                                  f"{type(config[key]).__name__} {config[key]!r:.80}; LeRobot refuses it too")
+
+
 def check_config_types(config: object, source: str) -> None:
     """
     Check a family config dataclass (recursively) against its annotations.
@@ -177,6 +193,8 @@ def check_config_types(config: object, source: str) -> None:
         elif hint is float and (not isinstance(value, (int, float)) or isinstance(value, bool)
                                 or not math.isfinite(value)):
             raise CheckpointError(f"{where} must be a finite number, got {type(value).__name__} {value!r:.80}")
+        elif hint is bool and not isinstance(value, bool):
+            raise CheckpointError(f"{where} must be true or false, got {type(value).__name__} {value!r:.80}")
         elif hint is str and not isinstance(value, str):
             raise CheckpointError(f"{where} must be a string, got {type(value).__name__} {value!r:.80}")
         elif typing.get_origin(hint) is tuple and not isinstance(value, tuple):

@@ -55,6 +55,7 @@ def load_policy(checkpoint_dir: str | Path, device: str | torch.device = "auto",
             raise ckpt.CheckpointError(f"{folder}/config.json: unknown policy type {kind!r:.40}; "
                                        f"supported: {sorted(FAMILIES)} and openpi checkpoints")
         backbone = FAMILIES[kind].backbone
+        ckpt.check_bool_fields(config, ckpt.LEROBOT_BOOL_FIELDS, f"{folder}/config.json")
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
@@ -155,7 +156,7 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     generation: Optional[generations.Generation] = None
     if openpi_layout:
         openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
-        state_norm, action_norm = openpi.openpi_normalizers(folder, bool(config.get("pi05", False)))
+        state_norm, action_norm = openpi.openpi_normalizers(folder, ckpt.config_value(config, "pi05", bool, False, "config.json"))
         image_size = (tiny or {}).get("image_size", 224)
         config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
         tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],

@@ -144,6 +144,15 @@ def _camera_renames(config: dict) -> dict[str, str]:
     return dict(rename_map)
 
 
+def _enabled(step_config: dict, where: str) -> bool:
+    """A step's ``enabled`` flag, a JSON boolean (the string "false" would read as on)."""
+    value = step_config.get("enabled", False)
+    if not isinstance(value, bool):
+        raise ProcessorError(f"{where}: enabled must be true or false (a JSON boolean), got "
+                             f"{type(value).__name__} {value!r:.80}")
+    return value
+
+
 def _relative(config: dict, pre: list[tuple[int, str, dict]], post: list[tuple[int, str, dict]],
               action_dim: int, state_dim: int) -> Optional[RelativeActions]:
     """Read the relative-action steps, checked against each other and against ``config.json``."""
@@ -153,8 +162,8 @@ def _relative(config: dict, pre: list[tuple[int, str, dict]], post: list[tuple[i
     unnorm = [i for i, n, _ in post if n == "unnormalizer_processor"]
     if len(rel) > 1 or len(absolute) > 1:
         raise ProcessorError(f"{PRE} / {POST}: more than one relative or absolute actions step")
-    rel_on = bool(rel and rel[0][1].get("enabled", False))
-    abs_on = bool(absolute and absolute[0][1].get("enabled", False))
+    rel_on = bool(rel) and _enabled(rel[0][1], f"{PRE} relative_actions_processor")
+    abs_on = bool(absolute) and _enabled(absolute[0][1], f"{POST} absolute_actions_processor")
     if rel_on != abs_on:
         raise ProcessorError(
             f"{PRE} relative_actions_processor is {'enabled' if rel_on else 'off or absent'} but {POST} "
