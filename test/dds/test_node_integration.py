@@ -19,6 +19,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 import numpy as np
 import pytest
 import rclpy
+from rclpy.serialization import serialize_message
 from rclpy.executors import SingleThreadedExecutor
 from ros_harness import DEFAULT_CONFIG, next_domain_id, node_with_probe, wait_until
 from sensor_msgs.msg import Image, JointState
@@ -217,6 +218,29 @@ def test_a_volatile_instruction_publisher_is_taken_without_a_qos_warning(system)
     probe.publish_instruction(TASK)
     assert wait_until(lambda: probe.counter('episode_resets') > before + 1, 5.0)
     assert 'incompatible QoS' not in node.output, node.output
+
+
+@pytest.mark.parametrize('raw, said', [
+    # As a C++ publisher sends 'touch\x00the cube' (rclpy's own would cut it before sending).
+    (b'\x00\x01\x00\x00\x0f\x00\x00\x00touch\x00the cube\x00', 'instruction contains a NUL character at byte 5'),
+    (serialize_message(String(data='touch the \u202eebuc')), "instruction contains format characters ['U+202E']"),
+])
+def test_an_instruction_with_a_nul_or_a_bidi_override_is_refused_not_cut(system, raw, said):
+    node, probe = system
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0)
+    resets = node.output.count('episode reset #')
+    volatile = probe.node.create_publisher(String, 'instruction', INSTRUCTION_VOLATILE_QOS)
+    try:
+        assert wait_until(lambda: volatile.get_subscription_count() >= 1, 5.0)
+        volatile.publish(raw)
+        assert wait_until(lambda: probe.state().startswith('holding: instruction'), 5.0), node.output
+        assert said in node.output and "instruction: 'touch'" not in node.output, node.output
+        assert node.output.count('episode reset #') == resets, 'the refused instruction started an episode'
+    finally:
+        probe.node.destroy_publisher(volatile)
+    probe.publish_instruction('touch the cube')
+    assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+    probe.publish_instruction(TASK)
 
 
 @pytest.mark.parametrize('mode, stream, log', [

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Property-based fuzz of everything that crosses the ROS boundary: images, joint states, instructions."""
 
+import unicodedata
+
 from hypothesis import given, HealthCheck, settings
 from hypothesis import strategies as st
 import numpy as np
@@ -74,7 +76,7 @@ def test_any_joint_state_merges_or_is_refused(names, values):
 
 
 @FAST
-@given(text=st.text(max_size=300) | st.sampled_from(['', '   ', 'pick\x00up', 'a' * 5000, '\ud800 lone', 'ok']))
+@given(text=st.text(max_size=300) | st.sampled_from(['', '   ', 'pick\x00up', 'pick \u202epu', 'a\u200db', 'a' * 5000, '\ud800 lone', 'ok']))
 def test_any_instruction_is_accepted_clean_or_refused(text):
     try:
         clean = instruction_text(text, 2000)
@@ -83,6 +85,7 @@ def test_any_instruction_is_accepted_clean_or_refused(text):
         return
     assert clean and clean == clean.strip() and len(clean) <= 2000
     assert not any(ord(c) < 32 and c not in '\t\n' for c in clean)
+    assert not any(unicodedata.category(c) == 'Cf' for c in clean), 'a format character (a bidi override) passed'
 
 
 def test_megabyte_instruction_is_refused_quickly():

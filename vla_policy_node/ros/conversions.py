@@ -117,8 +117,9 @@ def instruction_text(text: str, max_length: int) -> str:
     """
     Validate a language instruction and return it stripped of surrounding whitespace.
 
-    Empty, oversized or control-character-laden strings are refused: they would make the
-    policy act on a task nobody meant to give it.
+    Empty, oversized, control-character-laden strings and format characters (a right-to-left
+    override, zero-width characters: text that reads otherwise than it is) are refused: they
+    would make the policy act on a task nobody meant to give it.
     """
     if len(text) > max_length:
         raise ConversionError(
@@ -131,7 +132,40 @@ def instruction_text(text: str, max_length: int) -> str:
                       if unicodedata.category(c) in ('Cc', 'Cs') and c not in '\t\n'})
     if control:
         raise ConversionError(f'instruction contains control characters {control}')
+    formats = sorted({f'U+{ord(c):04X}' for c in stripped if unicodedata.category(c) == 'Cf'})
+    if formats:
+        raise ConversionError(f'instruction contains format characters {formats} (bidirectional overrides, '
+                              'zero-width characters): it would not read as it is')
     return stripped
+
+
+# CDR encapsulations (the first two bytes of a serialized message): big and little endian,
+# XCDR1 and XCDR2. A std_msgs/String is then a uint32 length (with the closing NUL) and the bytes.
+_CDR_LITTLE_ENDIAN = {b'\x00\x01': True, b'\x00\x07': True, b'\x00\x00': False, b'\x00\x06': False}
+
+
+def instruction_from_cdr(raw: bytes, max_length: int) -> str:
+    """
+    Decode a serialized ``std_msgs/String`` into a validated instruction (``instruction_text``).
+
+    Read from the wire, not through rclpy: its C conversion ends a string at the first NUL, so
+    ``'pick\\x00up'`` from a C++ publisher would silently become ``'pick'``.
+    """
+    little = _CDR_LITTLE_ENDIAN.get(bytes(raw[:2]))
+    if little is None or len(raw) < 8:
+        raise ConversionError(f'instruction is not a serialized std_msgs/String ({len(raw)} bytes)')
+    length = int.from_bytes(raw[4:8], 'little' if little else 'big')
+    if length > len(raw) - 8:
+        raise ConversionError(f'instruction declares {length} bytes but carries {len(raw) - 8}')
+    data = bytes(raw[8:8 + length]).removesuffix(b'\x00')
+    if b'\x00' in data:
+        raise ConversionError(f'instruction contains a NUL character at byte {data.index(0)}: refused, '
+                              'not cut there')
+    try:
+        text = data.decode('utf-8')
+    except UnicodeDecodeError as error:
+        raise ConversionError(f'instruction is not valid UTF-8: {error}') from None
+    return instruction_text(text, max_length)
 
 
 def _duration(seconds: float) -> Duration:

@@ -161,7 +161,7 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         subscription takes every instruction published from now on, each once.
         """
         self._instruction_sub = self.create_subscription(
-            String, self._settings.instruction_topic, self._on_instruction, INSTRUCTION_VOLATILE_QOS)
+            String, self._settings.instruction_topic, self._on_instruction, INSTRUCTION_VOLATILE_QOS, raw=True)
         latched = [info for info in self.get_publishers_info_by_topic(self._instruction_sub.topic_name)
                    if info.qos_profile.durability == DurabilityPolicy.TRANSIENT_LOCAL]
         if latched:

@@ -41,7 +41,7 @@ from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unk
 from vla_policy_node.ros import diagnostics
 from vla_policy_node.ros.command_groups import CommandOutputs, TRAJECTORY_INTERFACES
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
-from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_text, stamp_seconds,
+from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_from_cdr, stamp_seconds,
                                              undecodable_is_an_error)
 from vla_policy_node.ros.params import current_values, declare_parameters, NodeSettings, validate_change
 from vla_policy_node.ros.policy_loader import make_policy
@@ -190,7 +190,7 @@ class PolicyWiring:
             # A volatile publisher (``ros2 topic pub``) cannot match the transient-local reader;
             # its volatile twin takes the instruction, so that mismatch is expected, not logged.
             quiet = SubscriptionEventCallbacks(incompatible_qos=lambda info: None)
-            self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos,
+            self.create_subscription(String, settings.instruction_topic, self._on_instruction, qos, raw=True,
                                      event_callbacks=quiet if qos.durability == DurabilityPolicy.TRANSIENT_LOCAL
                                      else None)
 
@@ -252,9 +252,9 @@ class PolicyWiring:
                 self.get_logger().info(f'ignoring joints not in joint_names: {preview(new)}'
                                        + (' (no further names are reported)' if full else ''))
 
-    def _on_instruction(self, msg: String) -> None:
+    def _on_instruction(self, raw: bytes) -> None:
         try:
-            text = instruction_text(msg.data, self._settings.max_instruction_length)
+            text = instruction_from_cdr(raw, self._settings.max_instruction_length)
         except ConversionError as error:
             self._loop.reject(INSTRUCTION, str(error))
             return
