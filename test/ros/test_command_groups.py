@@ -167,10 +167,10 @@ def test_the_link_names_the_topic_the_loops_refusal_is_about():
     outputs = CommandOutputs(node, settings.command_groups, qos=None, watch=False)
     arm, gripper = (node.publishers[t][1] for t in ('arm_controller/joint_trajectory', 'gripper_controller/commands'))
     arm.subscribers, gripper.subscribers = 0, 1
-    assert outputs.link((0, 1)) == (0, 1, 'gripper_controller/commands', (0, 1, 2, 3, 4))
-    assert outputs.link((0, 0)) == (0, 0, 'arm_controller/joint_trajectory', (0, 1, 2, 3, 4))
+    assert outputs.link((0, 1)) == (0, 1, 'gripper_controller/commands', (0, 1, 2, 3, 4), None)
+    assert outputs.link((0, 0)) == (0, 0, 'arm_controller/joint_trajectory', (0, 1, 2, 3, 4), None)
     arm.subscribers = 1
-    assert outputs.link((0, 0))[2:] == ('arm_controller/joint_trajectory', ())
+    assert outputs.link((0, 0))[2:] == ('arm_controller/joint_trajectory', (), None)
 
 
 def test_the_link_names_every_contested_topic_with_its_count():

@@ -165,7 +165,7 @@ class ControlLoop:
 
     def set_command_link(self, subscribers: int, other_publishers: int,
                          topic: str = 'the command topic',
-                         unheard_joints: Sequence[int] | None = None) -> None:
+                         unheard_joints: Sequence[int] | None = None, refused: str | None = None) -> None:
         """
         Tell the loop who else is on the command topic; commands stop unless exactly we send.
 
@@ -175,7 +175,9 @@ class ControlLoop:
         refuses to command until it is alone. With several command topics (one per
         controller), the fewest subscribers and all other publishers count, ``topic`` names
         the one at fault in the reason, and ``unheard_joints`` are the joints of the topics
-        without a subscriber.
+        without a subscriber. ``refused``: why a controller did not run what it was sent (an
+        action's goal rejected, aborted, unanswered): a hold, and ``unheard_joints`` too are
+        re-entered from their measured state.
         """
         with self._lock:
             self._state.contested = other_publishers > 0
@@ -183,11 +185,13 @@ class ControlLoop:
                 self._state.link_problem = Refusal(
                     f'{other_publishers} other publisher(s) on {topic}: refusing to '
                     'command (another node with the same name or topic?)', ERROR)
+            elif refused is not None:
+                self._state.link_problem = Refusal(refused, ERROR)
             elif subscribers == 0:
                 self._state.link_problem = Refusal(f'nobody subscribes to {topic}')
             else:
                 self._state.link_problem = None
-            if subscribers == 0:                  # not received: re-enter from the measured state
+            if subscribers == 0 or refused is not None:      # not received or not run: re-enter from measured
                 self._state.unheard[slice(None) if unheard_joints is None else list(unheard_joints)] = True
 
     # ------------------------------------------------------------------ inputs

@@ -26,18 +26,17 @@ Messages, as ros2_controllers reads them:
   point, in the group's joint order, which must be the controller's ``joints`` order.
 * ``follow_joint_trajectory`` (the action ``/<controller>/follow_joint_trajectory``): each tick
   a goal with the trajectory the topic would carry; joint_trajectory_controller preempts the
-  running goal with it (the preempted goal ends canceled: expected, not counted). Tolerances
-  are left empty, so the controller's configured ones apply; a goal it rejects, or that ends
-  aborted (tolerance violated, wrong joints: its ``error_code`` and ``error_string``), is
-  counted (``command_goals_rejected``, ``command_goals_failed``) and logged.
+  running goal with it (the preempted goal ends canceled: expected). Tolerances are left
+  empty, so the controller's configured ones apply.
 * ``gripper_command`` (the action ``/<controller>/gripper_cmd``, gripper_action_controller):
   one joint; each tick a goal with this tick's point as ``position`` and ``gripper_max_effort``
-  as ``max_effort``, preempting the previous. A goal ending stalled is what grasping looks like,
-  not a failure: only a rejection is counted.
+  as ``max_effort``, preempting the previous. A goal ending stalled is what grasping looks like.
 
-For the actions, the command-link check asks whether the action server is there (a topic asks
-for a subscriber); another action client's goals cannot be seen in the graph, so the check for
-other commanders covers the topics only. control_msgs is imported only when a group uses an
+A goal the controller did not run (rejected, aborted, unanswered, ended before it was due)
+refuses its group: the loop holds, and the next goal steps from the measured joints
+(``ros/action_outputs.py``). For the actions, the command-link check asks whether the action
+server is there (a topic asks for a subscriber); another action client's goals cannot be seen
+in the graph, so the check for other commanders covers the topics only. control_msgs is imported only when a group uses an
 action (``make setup`` generates it where no ROS 2 distribution provides it).
 """
 
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 import math
 import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rclpy.duration import Duration
@@ -57,14 +56,16 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
+from vla_policy_interfaces.msg import CommandGoal
 
+from vla_policy_node.control.goal_answers import COUNTERS as ACTION_COUNTERS
+from vla_policy_node.ros.action_outputs import ActionOutput, gripper_trajectory
 from vla_policy_node.ros.conversions import action_to_float64_multiarray, chunk_to_joint_trajectory
+from vla_policy_node.ros.qos import COMMAND_GOALS_QOS
 
 COMMAND_INTERFACES = ('joint_trajectory', 'forward_command', 'follow_joint_trajectory', 'gripper_command')
 TRAJECTORY_INTERFACES = ('joint_trajectory', 'follow_joint_trajectory')    # several points per message
 ACTION_INTERFACES = ('follow_joint_trajectory', 'gripper_command')
-OUTPUT_COUNTERS = ('command_goals_sent', 'command_goals_rejected', 'command_goals_failed')
-GOAL_LOG_PERIOD = 5.0       # s between warnings about rejected or failed goals (all are counted)
 DEFAULT_GROUP = 'default'
 _GROUP_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 
@@ -165,29 +166,37 @@ WATCH_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=Rel
 
 class CommandOutputs:
     """
-    One publisher per group; the control loop's sink publishes through :meth:`publish`.
+    One publisher (or action client) per group; the control loop's sink publishes through :meth:`publish`.
 
     Another publisher on a command topic is seen two ways: the graph, polled
     (:meth:`other_publishers`, every watchdog period), and a watcher subscription per topic
     whose matched events report each publisher as DDS matches it, however briefly it lives.
+    An action group's answers are its ``ActionOutput``'s.
     """
 
     def __init__(self, node: Node, groups: Sequence[CommandGroup], qos: QoSProfile, velocities: bool = False,
                  clock: Callable[[], float] = time.monotonic, watch: bool = True,
-                 gripper_max_effort: float = 0.0) -> None:
-        """``watch``: watch the topics for other publishers (False: the messages go to a bag, not DDS)."""
+                 gripper_max_effort: float = 0.0, now: Callable[[], float] | None = None) -> None:
+        """
+        ``watch``: watch the topics for other publishers (False: the messages go to a bag, not DDS).
+
+        ``clock``: a monotonic clock (how long a publisher stays an intruder, a goal unanswered);
+        ``now``: the node's clock (when goals are due; default ``clock``).
+        """
         self._node = node
         self._groups = tuple(groups)
         self._velocities = velocities
         self._clock = clock
         self._gripper_max_effort = gripper_max_effort
-        self.counters = dict.fromkeys(OUTPUT_COUNTERS, 0)
-        self._goal_logged = dict.fromkeys(OUTPUT_COUNTERS, -GOAL_LOG_PERIOD)   # per kind of trouble
+        self.counters = dict.fromkeys(ACTION_COUNTERS, 0)
         self._publishers: list[Any] = []
         self._watchers: list[Any] = []
+        actions = [group for group in self._groups if group.interface in ACTION_INTERFACES]
+        record = node.create_publisher(CommandGoal, '~/command_goals', COMMAND_GOALS_QOS) if actions else None
         for i, group in enumerate(self._groups):
             if group.interface in ACTION_INTERFACES:
-                self._publishers.append(_action_client(node, group))
+                self._publishers.append(ActionOutput(node, _action_type(group.interface), group.topic, group.name,
+                                                     self.counters, record, now or clock, clock))
                 self._watchers.append(None)
                 continue
             kind = JointTrajectory if group.interface == 'joint_trajectory' else Float64MultiArray
@@ -213,8 +222,8 @@ class CommandOutputs:
     @property
     def topics(self) -> tuple[str, ...]:
         """Return the resolved topic (or action name) of every group."""
-        return tuple(self._node.resolve_topic_name(group.topic) if group.interface in ACTION_INTERFACES
-                     else publisher.topic_name for group, publisher in zip(self._groups, self._publishers))
+        return tuple(publisher.action_name if group.interface in ACTION_INTERFACES else publisher.topic_name
+                     for group, publisher in zip(self._groups, self._publishers))
 
     def publish(self, points: np.ndarray, dt: float, joints: np.ndarray | None = None) -> None:
         """
@@ -234,44 +243,15 @@ class CommandOutputs:
                 if group.interface == 'joint_trajectory':
                     publisher.publish(trajectory)
                 else:
-                    self._send_goal(publisher, publisher.goal_type(trajectory=trajectory))
+                    publisher.send(publisher.goal_type(trajectory=trajectory), trajectory)
             elif group.interface == 'gripper_command':
                 goal = publisher.goal_type()
                 goal.command.position = float(points[0, columns[0]])
                 goal.command.max_effort = float(self._gripper_max_effort)
-                self._send_goal(publisher, goal)
+                publisher.send(goal, gripper_trajectory(group.joints[0], goal.command.position,
+                                                        goal.command.max_effort, dt))
             else:
                 publisher.publish(action_to_float64_multiarray(points[0, columns]))
-
-    def _send_goal(self, client: Any, goal: Any) -> None:
-        """Send a goal; count (and log, now and then) a rejection or a failed result."""
-        self.counters['command_goals_sent'] += 1
-        client.send_goal_async(goal).add_done_callback(lambda future: self._on_goal_response(client, future))
-
-    def _on_goal_response(self, client: Any, future: Any) -> None:
-        handle = future.result()
-        if handle is None or not handle.accepted:
-            self._goal_trouble('command_goals_rejected', f'{client.action_name} rejected a goal')
-            return
-        handle.get_result_async().add_done_callback(lambda result: self._on_goal_result(client, result))
-
-    def _on_goal_result(self, client: Any, future: Any) -> None:
-        from action_msgs.msg import GoalStatus
-        response = future.result()
-        if response is None or response.status != GoalStatus.STATUS_ABORTED:
-            return                      # succeeded, or canceled by the next goal (preemption)
-        error = getattr(response.result, 'error_code', None)
-        if error is None:
-            return                      # a gripper that stalls on what it grasps
-        self._goal_trouble('command_goals_failed', f'{client.action_name} aborted a goal: error_code {error} '
-                                                   f'{response.result.error_string!r}')
-
-    def _goal_trouble(self, counter: str, text: str) -> None:
-        self.counters[counter] += 1
-        now = self._clock()
-        if now - self._goal_logged[counter] >= GOAL_LOG_PERIOD:
-            self._goal_logged[counter] = now
-            self._node.get_logger().warning(text)
 
     def other_publishers(self) -> tuple[int, ...]:
         """Count the publishers on each group's topic besides this node (a graph query; 0 for actions)."""
@@ -284,16 +264,18 @@ class CommandOutputs:
         now = self._clock()
         return tuple(max(count, 1 if now < until else 0) for count, until in zip(polled, self._intruder_until))
 
-    def link(self, others: Sequence[int]) -> tuple[int, int, str, tuple[int, ...]]:
+    def link(self, others: Sequence[int]) -> CommandLink:
         """
-        Return (fewest subscribers, other publishers on all, topics at fault, unheard joints).
+        Return the command link for the loop (``ControlLoop.set_command_link``).
 
         ``others`` comes from :meth:`other_publishers`. The topics named are those the loop's
         refusal is about: the ones with another publisher (that refusal comes first; with
         several, each with its count, as the loop reports the sum), else the ones without a
         subscriber, else the first topic. The unheard joints (indices) are those of the
-        topics without a subscriber.
+        topics without a subscriber and of the action groups refused for a goal not run.
         """
+        refusals = [publisher.refusal() if group.interface in ACTION_INTERFACES else None
+                    for group, publisher in zip(self._groups, self._publishers)]
         # The watchers subscribe too: a matched one is not a controller.
         subscribers = [int(publisher.server_is_ready()) if group.interface in ACTION_INTERFACES
                        else max(0, publisher.get_subscription_count() - (watcher is not None and matched > 0))
@@ -307,9 +289,10 @@ class CommandOutputs:
         else:
             silent = [t for t, s in zip(topics, subscribers) if s == 0]
             fault = contested[0][0] if contested else ' and '.join(silent) or topics[0]
-        unheard = tuple(i for group, count in zip(self._groups, subscribers) if count == 0
-                        for i in group.indices)
-        return min(subscribers), sum(others), fault, unheard
+        unheard = tuple(i for group, count, refusal in zip(self._groups, subscribers, refusals)
+                        if count == 0 or refusal is not None for i in group.indices)
+        refused = '; '.join(refusal for refusal in refusals if refusal is not None) or None
+        return CommandLink(min(subscribers), sum(others), fault, unheard, refused)
 
     def wait_for_all_acked(self, seconds: float) -> None:
         """Wait (at most ``seconds`` each) until subscribers have every message sent."""
@@ -318,27 +301,18 @@ class CommandOutputs:
                 publisher.wait_for_all_acked(Duration(seconds=seconds))
 
 
-@dataclass(frozen=True)
-class _ActionOutput:
-    """An action group's client, the goal type it sends and the resolved action name."""
+class CommandLink(NamedTuple):
+    """What the loop is told of its command topics (the arguments of ``ControlLoop.set_command_link``)."""
 
-    client: Any
-    goal_type: type
-    action_name: str
-
-    def server_is_ready(self) -> bool:
-        """Tell whether the controller's action server is there."""
-        return self.client.server_is_ready()
-
-    def send_goal_async(self, goal: Any) -> Any:
-        """Send a goal; return the future of its handle."""
-        return self.client.send_goal_async(goal)
+    subscribers: int                # the fewest subscribers of any group's topic (action: server there)
+    other_publishers: int           # on all topics together
+    topic: str                      # the topics the refusal is about
+    unheard_joints: tuple[int, ...]     # joints whose next command steps from the measured state
+    refused: str | None             # why an action group's controller did not run its goals, or None
 
 
-def _action_client(node: Node, group: CommandGroup) -> _ActionOutput:
-    """Make the action client of an action group (control_msgs is imported only here)."""
+def _action_type(interface: str) -> type:
+    """Return the control_msgs action of an action interface (imported only here: make setup generates it)."""
     from control_msgs.action import FollowJointTrajectory, GripperCommand
-    from rclpy.action import ActionClient
 
-    action = FollowJointTrajectory if group.interface == 'follow_joint_trajectory' else GripperCommand
-    return _ActionOutput(ActionClient(node, action, group.topic), action.Goal, node.resolve_topic_name(group.topic))
+    return FollowJointTrajectory if interface == 'follow_joint_trajectory' else GripperCommand

@@ -165,7 +165,7 @@ class PolicyWiring:
         settings = self._settings
         self._outputs = CommandOutputs(self, settings.command_groups, COMMAND_QOS,
                                        settings.trajectory_velocities,
-                                       gripper_max_effort=settings.gripper_max_effort)
+                                       gripper_max_effort=settings.gripper_max_effort, now=self._now)
         self._diagnostics_pub = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
@@ -264,8 +264,7 @@ class PolicyWiring:
     def _on_control_tick(self) -> None:
         self._take_joint_states()
         self._take_frames()
-        subscribers, others, topic, unheard = self._outputs.link(self._other_publishers)
-        self._loop.set_command_link(subscribers, others, topic, unheard)
+        self._loop.set_command_link(*self._outputs.link(self._other_publishers))
         self._loop.tick(self._now())
         self._task.on_tick()
 

@@ -54,6 +54,15 @@ COMMAND_QOS = QoSProfile(
     durability=DurabilityPolicy.VOLATILE,
 )
 
+# The goals sent to ros2_control actions and their answers (~/command_goals), for a recorder:
+# reliable, with room for a burst of answers between two reads.
+COMMAND_GOALS_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=100,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
 # Services whose every call must be answered (a burst of ~/reset_episode calls): the default
 # service profile keeps only the last 10 requests and drops the rest unanswered.
 SERVICE_QOS = QoSProfile(
