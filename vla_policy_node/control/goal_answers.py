@@ -16,8 +16,13 @@ pass without another:
 
 Each refusal in a row without a goal run in between doubles the quiet, up to ``MAX_QUIET_S``:
 a controller that stays off is sent a goal (stepping from the measured joints) every few
-seconds, not every tick. While refused the loop holds and the group's joints are *unheard*
-(``ControlLoop.set_command_link``): the next goal steps from their measured state. A goal
+seconds, not every tick, and after a refusal the loop holds again until that first goal is
+answered. While refused the loop holds and the group's joints are *unheard*
+(``ControlLoop.set_command_link``): the next goal steps from their measured state. So does a
+goal sent while the previous one is not answered yet, or was accepted late
+(:attr:`GoalAnswers.awaiting`): a goal stepping from one not known to run would pile up steps for
+the moment they all run, and one accepted late (past half its first point's time) started
+later than the loop assumes. A goal
 accepted after it was given up for unanswered is to be cancelled at once: a newer goal from
 the measured joints stands in its place. A goal preempted by the next one (canceled) is how
 every goal ends in normal running. ROS-free: ``ros/action_outputs.py`` feeds it the answers.
@@ -31,6 +36,7 @@ import enum
 import math
 
 RESPONSE_TIMEOUT_S = 0.5    # a controller answers a goal request in milliseconds (a loaded Python one: 100s)
+LATE_ACCEPT = 0.5           # accepted later than this fraction of its first point's time: started late
 QUIET_S = 1.0               # after the last goal not run, before the group is commanded again
 MAX_QUIET_S = 8.0           # ... doubled for each refusal in a row, up to this
 EARLY_SUCCESS = 0.5         # SUCCEEDED before this fraction of its trajectory's duration: not run
@@ -49,10 +55,11 @@ class Outcome(enum.Enum):
 
 @dataclass
 class _Sent:
-    """A goal in flight: when it left on the loop's clock and on the wall clock, and how long its trajectory lasts."""
+    """A goal in flight: when it left (loop clock, wall clock), when its first and last points are due."""
 
     sent_at: float
     wall_sent_at: float
+    first_due: float
     duration: float
 
 
@@ -70,22 +77,27 @@ class GoalAnswers:
         self._running: dict[int, _Sent] = {}            # accepted, not yet ended
         self._refused: tuple[str, float] | None = None  # (why, wall time of the last goal not run)
         self._strikes = 0                               # refusals since a goal last ran
+        self._late = False                              # the last goal was accepted late
+        self._probing = False                           # the quiet ended: the next goal's answer is awaited
         self._logged: dict[str, float] = {}
         self.unanswered: list[int] = []                 # given up since the last look (for the record)
 
-    def sent(self, goal: int, now: float, wall: float, duration: float) -> None:
-        """A goal left at ``now`` (the loop's clock; ``wall``: monotonic); its last point is due ``duration`` on."""
-        self._pending[goal] = _Sent(now, wall, duration)
+    def sent(self, goal: int, now: float, wall: float, first_due: float, duration: float) -> None:
+        """A goal left at ``now`` (loop clock; ``wall``: monotonic); its points are due ``first_due`` to ``duration`` on."""
+        self._pending[goal] = _Sent(now, wall, first_due, duration)
+        self._late = False
         self._counters['command_goals_sent'] += 1
 
     def responded(self, goal: int, accepted: bool, wall: float) -> bool:
         """The controller answered a goal request; True when it accepted a goal given up already (cancel it)."""
         sent = self._pending.pop(goal, None)
+        self._probing = False
         if not accepted:
             self._refuse('command_goals_rejected', 'rejected a goal', wall)
             return False
         if sent is None:
             return True
+        self._late = wall - sent.wall_sent_at > LATE_ACCEPT * sent.first_due
         self._running[goal] = sent
         return False
 
@@ -108,6 +120,11 @@ class GoalAnswers:
         if ran and self._refused is None:
             self._strikes = 0
 
+    @property
+    def awaiting(self) -> bool:
+        """Tell whether a goal is not answered yet, or the last was accepted late: the next steps from measured."""
+        return bool(self._pending) or self._late
+
     def refusal(self, wall: float) -> str | None:
         """Say why the group may not be commanded now, or None; gives up on goals unanswered too long."""
         late = [goal for goal, sent in self._pending.items() if wall - sent.wall_sent_at > self._response_timeout]
@@ -120,8 +137,12 @@ class GoalAnswers:
                                                      f'{self._response_timeout:g} s', wall)
         quiet = min(self._quiet * 2 ** max(self._strikes - 1, 0), max(MAX_QUIET_S, self._quiet))
         if self._refused is not None and wall - self._refused[1] >= quiet:
-            self._refused = None
-        return None if self._refused is None else f'{self._name} {self._refused[0]}'
+            self._refused, self._probing = None, True
+        if self._refused is not None:
+            return f'{self._name} {self._refused[0]}'
+        if self._probing and self._pending:
+            return f'{self._name} has not answered the first goal after it ran none yet: holding'
+        return None
 
     def _refuse(self, counter: str, why: str, wall: float) -> None:
         """Refuse the group for ``quiet`` from now; count, and warn now and then."""

@@ -174,10 +174,10 @@ class ControlLoop:
         publisher: two senders interleave and the step limit means nothing, so the loop
         refuses to command until it is alone. With several command topics (one per
         controller), the fewest subscribers and all other publishers count, ``topic`` names
-        the one at fault in the reason, and ``unheard_joints`` are the joints of the topics
-        without a subscriber. ``refused``: why a controller did not run what it was sent (an
-        action's goal rejected, aborted, unanswered): a hold, and ``unheard_joints`` too are
-        re-entered from their measured state.
+        the one at fault in the reason, and ``unheard_joints`` are the joints whose controller
+        is not known to run what it was sent: the topics without a subscriber, an action whose
+        goal is not answered yet, or was not run. ``refused``: why a controller did not run what
+        it was sent (an action's goal rejected, aborted, unanswered too long): a hold.
         """
         with self._lock:
             self._state.contested = other_publishers > 0
@@ -191,8 +191,10 @@ class ControlLoop:
                 self._state.link_problem = Refusal(f'nobody subscribes to {topic}')
             else:
                 self._state.link_problem = None
-            if subscribers == 0 or refused is not None:      # not received or not run: re-enter from measured
-                self._state.unheard[slice(None) if unheard_joints is None else list(unheard_joints)] = True
+            if unheard_joints is not None:          # not received, or not known to run: re-enter from measured
+                self._state.unheard[list(unheard_joints)] = True
+            elif subscribers == 0:
+                self._state.unheard[:] = True
 
     # ------------------------------------------------------------------ inputs
     def wants_observation(self) -> bool:

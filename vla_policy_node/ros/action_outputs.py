@@ -66,8 +66,9 @@ class ActionOutput:
         """Send a goal (``trajectory``: what it commands, for the record) and follow its answers."""
         self._next_id += 1
         goal_id = self._next_id
-        last = trajectory.points[-1].time_from_start
-        self.answers.sent(goal_id, self._now(), self._wall(), last.sec + last.nanosec * 1e-9)
+        first, last = (point.time_from_start for point in (trajectory.points[0], trajectory.points[-1]))
+        self.answers.sent(goal_id, self._now(), self._wall(), first.sec + first.nanosec * 1e-9,
+                          last.sec + last.nanosec * 1e-9)
         self._publish(CommandGoal.SENT, goal_id, trajectory)
         self.client.send_goal_async(goal).add_done_callback(lambda future: self._on_response(goal_id, future))
 

@@ -272,7 +272,8 @@ class CommandOutputs:
         refusal is about: the ones with another publisher (that refusal comes first; with
         several, each with its count, as the loop reports the sum), else the ones without a
         subscriber, else the first topic. The unheard joints (indices) are those of the
-        topics without a subscriber and of the action groups refused for a goal not run.
+        topics without a subscriber and of the action groups refused for a goal not run, or
+        whose last goal is not answered yet.
         """
         refusals = [publisher.refusal() if group.interface in ACTION_INTERFACES else None
                     for group, publisher in zip(self._groups, self._publishers)]
@@ -289,8 +290,10 @@ class CommandOutputs:
         else:
             silent = [t for t, s in zip(topics, subscribers) if s == 0]
             fault = contested[0][0] if contested else ' and '.join(silent) or topics[0]
-        unheard = tuple(i for group, count, refusal in zip(self._groups, subscribers, refusals)
-                        if count == 0 or refusal is not None for i in group.indices)
+        awaiting = [group.interface in ACTION_INTERFACES and publisher.answers.awaiting
+                    for group, publisher in zip(self._groups, self._publishers)]
+        unheard = tuple(i for group, count, refusal, waiting in zip(self._groups, subscribers, refusals, awaiting)
+                        if count == 0 or refusal is not None or waiting for i in group.indices)
         refused = '; '.join(refusal for refusal in refusals if refusal is not None) or None
         return CommandLink(min(subscribers), sum(others), fault, unheard, refused)
 
