@@ -233,11 +233,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'Maximum speed per joint (units per second).', read_only=False),
     ParamSpec('limits.max_step', 0.1, 'Maximum change of any joint between two commands.',
               read_only=False, bounds=(1e-6, 10.0)),
-    ParamSpec('limits.max_tracking_error', [0.0],
+    ParamSpec('limits.max_tracking_error', [0.5],
               'How far each joint may be measured from the point its controller executes while '
-              'the node commands; further (a controller switched off, a joint blocked or pushed), a '
-              'latched protective stop holds until ~/restart_from_measured. One entry applies to every joint; 0: not '
-              'checked (a gripper that squeezes what it holds).',
+              'the node commands; further (a controller switched off or silently not following, a joint '
+              'blocked or pushed), a latched protective stop holds until ~/restart_from_measured. One entry '
+              'applies to every joint; 0: not checked (a gripper that squeezes what it holds).',
               read_only=False),
     ParamSpec('diagnostics_period', 1.0, 'Seconds between /diagnostics messages.',
               bounds=(0.1, 60.0)),
