@@ -24,7 +24,7 @@ from vla_policy_interfaces.msg import Episode, TaskSuccess
 
 from vla_policy_node.control.state import Mode
 from vla_policy_node.ros.episodes import Episodes
-from vla_policy_node.ros.task_action import GOALS_AT_ONCE, TaskAction
+from vla_policy_node.ros.task_action import GOALS_AT_ONCE, MAX_GOALS_KEPT, TaskAction
 
 pytestmark = pytest.mark.dds
 Result = RunInstruction.Result
@@ -206,6 +206,12 @@ def test_goals_past_the_burst_bound_end_refused_and_the_running_goal_goes_on(tas
         outcome, reason = ended(done)
         assert outcome == Result.REFUSED and 'too many goals at once' in reason and done.result().episode == 0
     assert loop.instructions[-1] == f'wave {GOALS_AT_ONCE - 1}', 'a refused goal reached the loop'
+
+
+def test_past_the_goals_a_server_keeps_a_goal_is_rejected(task):
+    action, _, _ = task
+    answers = [action._on_goal(RunInstruction.Goal(instruction='wave')) for _ in range(MAX_GOALS_KEPT + 1)]
+    assert answers[:-1] == [GoalResponse.ACCEPT] * MAX_GOALS_KEPT and answers[-1] == GoalResponse.REJECT
 
 
 def test_stopping_the_node_ends_the_goal_faulted_or_the_topics_episode(task):

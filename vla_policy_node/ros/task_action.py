@@ -16,7 +16,10 @@ Every request is answered. The goal, cancel and result services keep every reque
 most ``GOALS_AT_ONCE`` goals start within ``GOAL_WINDOW_S``: a goal past that bound is
 accepted and ends at once REFUSED with the reason, while the running goal goes on (each start
 resets the episode and the policy's cache: a flood of goals would only keep the robot
-holding). Each goal's execute callback waits on its own ending, so a cancel or a preemption
+holding). The server keeps each result ``RESULT_KEPT_S`` for the client to fetch, and every
+goal it keeps is in each status message it publishes: past ``MAX_GOALS_KEPT`` goals accepted
+within that time a goal is rejected (said in the log), so a flood cannot slow the executor that
+runs the control tick. Each goal's execute callback waits on its own ending, so a cancel or a preemption
 racing with its start cannot leave it without an outcome; the outcome is set on every path,
 and SUCCEEDED comes only from a ``TaskSuccess`` for the goal's episode raised after it was
 accepted.
@@ -51,6 +54,8 @@ Goal = RunInstruction.Goal
 Result = RunInstruction.Result
 GOALS_AT_ONCE = 10          # goals that may start within GOAL_WINDOW_S; later ones end REFUSED
 GOAL_WINDOW_S = 1.0
+RESULT_KEPT_S = 10          # rclpy's default result_timeout, explicit: how long a result may be fetched
+MAX_GOALS_KEPT = 1000       # goals accepted within RESULT_KEPT_S; more are rejected
 SUCCESSES = (Result.SUCCEEDED, Result.COMPLETED)     # status SUCCEEDED; CANCELLED: CANCELED; the rest ABORTED
 
 
@@ -83,11 +88,13 @@ class TaskAction:
         self._goal: _Goal | None = None
         self._endings: dict[bytes, Future] = {}     # goal id -> its result, until its execute callback runs
         self._starts: deque[float] = deque()        # monotonic times of the last goal starts
+        self._accepted: deque[float] = deque()      # monotonic times of the goals accepted
         self._server = ActionServer(
             node, RunInstruction, '~/run_instruction', execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
             cancel_callback=self._on_cancel, goal_service_qos_profile=SERVICE_QOS,
-            result_service_qos_profile=SERVICE_QOS, cancel_service_qos_profile=SERVICE_QOS)
+            result_service_qos_profile=SERVICE_QOS, cancel_service_qos_profile=SERVICE_QOS,
+            result_timeout=RESULT_KEPT_S)
         node.create_subscription(TaskSuccess, success_topic, self._on_success, COMMAND_QOS)
 
     def _counts(self, loop: ControlLoop) -> tuple[int, int]:
@@ -97,11 +104,17 @@ class TaskAction:
     # ------------------------------------------------------------------ goals
     def _on_goal(self, request: Goal) -> GoalResponse:
         """Reject a goal the node cannot run (said in the log: a goal response carries no reason)."""
-        refusal = self._refusal() or invalid(request, self._max_length)
+        refusal = self._refusal() or invalid(request, self._max_length) or self._flood()
         if refusal is not None:
-            self._node.get_logger().warning(f'run_instruction goal rejected: {refusal}')
+            self._node.get_logger().warning(f'run_instruction goal rejected: {refusal}', throttle_duration_sec=1.0)
             return GoalResponse.REJECT
         return GoalResponse.ACCEPT
+
+    def _flood(self) -> str | None:
+        """Count this goal's acceptance, or say why it is rejected."""
+        if not within(self._accepted, RESULT_KEPT_S, MAX_GOALS_KEPT):
+            return f'too many goals: {MAX_GOALS_KEPT} accepted within the last {RESULT_KEPT_S} s'
+        return None
 
     def _on_accepted(self, handle: ServerGoalHandle) -> None:
         """Refuse the goal past the burst bound; else preempt the running goal and start its episode."""
@@ -119,13 +132,9 @@ class TaskAction:
 
     def _burst(self) -> str | None:
         """Count this goal's start within the window, or say why it is refused."""
-        now = time.monotonic()
-        while self._starts and now - self._starts[0] > GOAL_WINDOW_S:
-            self._starts.popleft()
-        if len(self._starts) >= GOALS_AT_ONCE:
+        if not within(self._starts, GOAL_WINDOW_S, GOALS_AT_ONCE):
             return (f'too many goals at once: {GOALS_AT_ONCE} started within the last {GOAL_WINDOW_S:g} s '
                     '(the running goal goes on)')
-        self._starts.append(now)
         return None
 
     def _start(self, handle: ServerGoalHandle, done: Future) -> None:
@@ -230,6 +239,17 @@ class TaskAction:
     def destroy(self) -> None:
         """Destroy the action server."""
         self._server.destroy()
+
+
+def within(times: deque[float], window: float, most: int) -> bool:
+    """Count one more event in ``times`` (monotonic) if fewer than ``most`` happened within ``window`` s."""
+    now = time.monotonic()
+    while times and now - times[0] > window:
+        times.popleft()
+    if len(times) >= most:
+        return False
+    times.append(now)
+    return True
 
 
 def _key(handle: ServerGoalHandle) -> bytes:
