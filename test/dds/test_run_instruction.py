@@ -4,9 +4,9 @@ The RunInstruction action against the simulated robot: success, time-out, cancel
 
 The installed node runs the shipped policy (planar.yaml); the simulated arm runs ``goal_driven``:
 one layout, whose task it prints, and a ``TaskSuccess`` naming the episode it saw start on the
-node's ``~/episode`` while the tip touches the named block. An action client of the test sends the goals. A goal naming another block than the layout's
-never succeeds, so it runs until it is cancelled, preempted or timed out; the last test sends
-the layout's task, which succeeds.
+node's ``~/episode`` while the tip touches the named block. An action client of the test sends
+the goals. A goal naming another block than the layout's never succeeds, so it runs until it
+is cancelled, preempted or timed out; the last test sends the layout's task, which succeeds.
 """
 
 from __future__ import annotations

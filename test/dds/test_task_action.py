@@ -102,7 +102,7 @@ def task():
 
 
 def ended(done) -> tuple[int, str]:
-    """The outcome and reason of a goal that ended."""
+    """Return the outcome and reason of a goal that ended."""
     assert done.done(), 'the goal has not ended'
     return done.result().outcome, done.result().reason
 
@@ -155,7 +155,8 @@ def test_duration_mode_ends_completed_at_its_time_limit(task):
     clock.t = 102.0
     action.on_tick()
     outcome, reason = ended(done)
-    assert outcome == Result.COMPLETED and 'DURATION' in reason and loop.ended == ['run_instruction goal completed its time']
+    assert outcome == Result.COMPLETED and 'DURATION' in reason
+    assert loop.ended == ['run_instruction goal completed its time']
 
 
 def test_cancel_success_and_a_protective_stop_each_end_the_goal(task):

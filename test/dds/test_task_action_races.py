@@ -119,7 +119,7 @@ def no_traceback(node: NodeProcess) -> None:
 
 @pytest.fixture(scope='module')
 def plain():
-    """The plain node process and a client of it."""
+    """Start the plain node process; yield it, a client of it and its domain."""
     domain_id = next_domain_id()
     node = NodeProcess([DEFAULT_CONFIG], domain_id)
     client = None
@@ -212,7 +212,7 @@ def test_what_the_time_limit_means(plain, mode, outcome, status):
 
 @pytest.fixture(scope='module')
 def lifecycle():
-    """The lifecycle node process, configured; a client and a probe (its transitions)."""
+    """Start the lifecycle node process and configure it; yield it, a client and a probe (transitions)."""
     domain_id = next_domain_id()
     node = NodeProcess([DEFAULT_CONFIG], domain_id, extra_args=('-r', '__ns:=/lc'),
                        executable='vla_policy_lifecycle_node')
