@@ -11,8 +11,11 @@ and hostile successes through a node process are test_task_action_dds.py's.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 import uuid
+
+from hypothesis import given, settings, strategies as st
 
 import pytest
 import rclpy
@@ -86,19 +89,34 @@ def success(episode: int, seconds: float) -> TaskSuccess:
     return msg
 
 
-@pytest.fixture
-def task():
-    context = rclpy.Context()
-    rclpy.init(context=context, domain_id=next_domain_id())
+@contextmanager
+def task_action(context):
+    """Yield (TaskAction on a node of its own, its scripted loop, its clock and refusal)."""
     node = rclpy.create_node('task_action_test', context=context)
     clock = SimpleNamespace(t=100.0, refusal=None)
     loop = ScriptedLoop()
     action = TaskAction(node, 'task_success', 40, lambda: loop, lambda: clock.refusal, lambda: clock.t,
                         Events(node))
-    yield action, loop, clock
-    action.destroy()
-    node.destroy_node()
+    try:
+        yield action, loop, clock
+    finally:
+        action.destroy()
+        node.destroy_node()
+
+
+@pytest.fixture(scope='module')
+def rcl_context():
+    """Initialise a context of this module's own for its nodes."""
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    yield context
     rclpy.try_shutdown(context=context)
+
+
+@pytest.fixture
+def task(rcl_context):
+    with task_action(rcl_context) as made:
+        yield made
 
 
 def ended(done) -> tuple[int, str]:
@@ -227,3 +245,55 @@ def test_stopping_the_node_ends_the_goal_faulted_or_the_topics_episode(task):
                       (Episode.ENDED, 1, 'wave', 'the node stopped: holding'),
                       (Episode.STARTED, 2, 'wave', 'run_instruction goal'),
                       (Episode.ENDED, 2, 'wave', 'the lifecycle node left active: holding')]
+
+
+GOALS = st.tuples(st.just('goal'), st.sampled_from([RunInstruction.Goal.CONFIRM, RunInstruction.Goal.DURATION]),
+                  st.sampled_from([0.5, 2.0]))
+SUCCESSES = st.tuples(st.just('success'), st.sampled_from([-2, -1, 0, 0, 1]), st.sampled_from([-0.5, -1e-3, 0.0, 0.3]))
+STEPS = st.one_of(
+    GOALS, GOALS, SUCCESSES, SUCCESSES,
+    st.tuples(st.just('cancel'), st.integers(0, 20)),
+    st.tuples(st.just('reset')),
+    st.tuples(st.just('tick'), st.sampled_from([0.05, 0.05, 0.4, 1.0])),
+    st.tuples(st.just('latch')),
+    st.tuples(st.just('abort')))
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(STEPS, min_size=20, max_size=80))
+def test_every_goal_ends_once_with_an_outcome_and_succeeds_only_on_its_own_success(rcl_context, steps):
+    """Whatever the order of goals, cancels, successes, resets, ticks, stops and faults."""
+    with task_action(rcl_context) as (action, loop, clock):
+        handles, endings, valid = [], [], set()     # valid: indices of goals a valid success reached
+        for step in steps:
+            running = next((i for i, done in enumerate(endings) if not done.done()), None)
+            if step[0] == 'goal':
+                handles.append(Handle('wave', time_limit=step[2], mode=step[1]))
+                endings.append(accept(action, handles[-1]))
+            elif step[0] == 'cancel' and handles:
+                action._on_cancel(handles[step[1] % len(handles)])
+            elif step[0] == 'success':
+                episode, stamp = action._episodes.current + step[1], clock.t + step[2]
+                if running is not None and step[1] == 0 and stamp >= action._goal.started:
+                    valid.add(running)
+                action._on_success(success(episode, stamp))
+            elif step[0] == 'reset':
+                action._episodes.start(None, 'reset_episode service')
+            elif step[0] == 'tick':
+                clock.t += step[1]
+                action.on_tick()
+            elif step[0] == 'latch':
+                loop.mode = Mode.LATCHED
+                action.on_tick()
+                loop.mode = Mode.COMMANDING
+            else:
+                action.abort('the node stopped: holding')
+            assert sum(not done.done() for done in endings) <= 1, 'two goals run'
+        for i, done in enumerate(endings):
+            if done.done():
+                outcome, reason = ended(done)
+                assert Result.SUCCEEDED <= outcome <= Result.REFUSED and reason, done.result()
+                assert outcome != Result.SUCCEEDED or i in valid, 'a success that was not the goal\'s ended it'
+                assert (outcome == Result.REFUSED) == (done.result().episode == 0)
+        ends = [e for e in action._episodes.events if e.event == Episode.ENDED]
+        assert all(e.outcome != Result.REFUSED for e in ends), 'a refused goal had an episode'
