@@ -24,12 +24,14 @@ import pytest
 import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, wait_until
 from vla_policy_interfaces.action import RunInstruction
 from vla_policy_interfaces.msg import Episode, TaskSuccess
 import yaml
 
-from vla_policy_node.ros.qos import COMMAND_QOS, EPISODE_QOS, SERVICE_QOS
+from vla_policy_node.ros.qos import COMMAND_QOS, EPISODE_QOS, INSTRUCTION_VOLATILE_QOS, SERVICE_QOS
 from vla_policy_node.ros.task_action import GOAL_WINDOW_S, GOALS_AT_ONCE
 
 pytestmark = pytest.mark.dds
@@ -199,6 +201,25 @@ def test_stale_and_foreign_successes_never_end_the_goal_and_its_own_does(plain):
     no_traceback(node)
 
 
+def test_the_instruction_topic_and_the_reset_service_start_episodes_too(plain):
+    node, client, _ = plain
+    instruction = client.node.create_publisher(String, CONFIG['instruction_topic'], INSTRUCTION_VOLATILE_QOS)
+    reset = client.node.create_client(Trigger, '/vla_policy_node/reset_episode')
+    assert wait_until(lambda: instruction.get_subscription_count() > 0, 5.0) and reset.wait_for_service(5.0)
+    before = len(client.episodes)
+    instruction.publish(String(data='touch the red block'))
+    assert wait_until(lambda: len(client.episodes) > before, 5.0)
+    reply = client.answered(reset.call_async(Trigger.Request()))
+    assert wait_until(lambda: len(client.episodes) > before + 1, 5.0)
+    topic, service = client.episodes[before:before + 2]
+    assert (topic.event, topic.instruction, topic.reason) == (Episode.STARTED, 'touch the red block',
+                                                               'instruction topic')
+    assert (service.event, service.instruction, service.reason) == (Episode.STARTED, 'touch the red block',
+                                                                     'reset_episode service')
+    assert service.episode == topic.episode + 1 and not any(service.goal_id.uuid)
+    assert reply.success and f'episode {service.episode} started' in reply.message, reply
+
+
 @pytest.mark.parametrize('mode, outcome, status', [
     (Goal.DURATION, Result.COMPLETED, GoalStatus.STATUS_SUCCEEDED),
     (Goal.CONFIRM, Result.TIMED_OUT, GoalStatus.STATUS_ABORTED)])
@@ -244,4 +265,6 @@ def test_a_goal_raced_by_a_deactivation_is_rejected_or_ends_faulted(lifecycle):
             assert result.outcome == Result.FAULTED, result
             assert result.reason == 'the lifecycle node left active: holding', result
     assert accepted, 'no goal was accepted before the deactivation: the race was not run'
+    numbers = [e.episode for e in client.episodes if e.event == Episode.STARTED]
+    assert len(numbers) == accepted and numbers == sorted(set(numbers)), 're-activations repeated an episode'
     no_traceback(node)
