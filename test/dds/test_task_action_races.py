@@ -212,10 +212,9 @@ def test_the_instruction_topic_and_the_reset_service_start_episodes_too(plain):
     reply = client.answered(reset.call_async(Trigger.Request()))
     assert wait_until(lambda: len(client.episodes) > before + 1, 5.0)
     topic, service = client.episodes[before:before + 2]
-    assert (topic.event, topic.instruction, topic.reason) == (Episode.STARTED, 'touch the red block',
-                                                               'instruction topic')
-    assert (service.event, service.instruction, service.reason) == (Episode.STARTED, 'touch the red block',
-                                                                     'reset_episode service')
+    task = 'touch the red block'
+    assert (topic.event, topic.instruction, topic.reason) == (Episode.STARTED, task, 'instruction topic')
+    assert (service.event, service.instruction, service.reason) == (Episode.STARTED, task, 'reset_episode service')
     assert service.episode == topic.episode + 1 and not any(service.goal_id.uuid)
     assert reply.success and f'episode {service.episode} started' in reply.message, reply
 
