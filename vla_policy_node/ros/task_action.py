@@ -19,10 +19,10 @@ resets the episode and the policy's cache: a flood of goals would only keep the 
 holding). The server keeps each result ``RESULT_KEPT_S`` for the client to fetch, and every
 goal it keeps is in each status message it publishes: past ``MAX_GOALS_KEPT`` goals accepted
 within that time a goal is rejected (said in the log), which bounds the work a flood adds to
-the executor that also runs the control tick. Each goal's execute callback waits on its own ending, so a cancel or a preemption
-racing with its start cannot leave it without an outcome; the outcome is set on every path,
-and SUCCEEDED comes only from a ``TaskSuccess`` for the goal's episode raised after it was
-accepted.
+the executor that also runs the control tick. Each goal's execute callback waits on its own
+ending, so a cancel or a preemption racing with its start cannot leave it without an outcome;
+the outcome is set on every path, and SUCCEEDED comes only from a ``TaskSuccess`` for the
+goal's episode raised after it was accepted.
 
 Statuses follow nav2 and BehaviorTree.CPP's ``RosActionNode``: SUCCEEDED means the task is
 done, ABORTED and CANCELED mean it is not. The outcome says why.
