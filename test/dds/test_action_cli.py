@@ -63,7 +63,7 @@ def test_ros2_interface_show_prints_the_action_definition():
     shown = ros2(cli_env(), 'interface', 'show', ACTION_TYPE)
     assert shown.returncode == 0, shown.stdout
     assert shown.stdout == (INTERFACES / 'action' / 'RunInstruction.action').read_text(), shown.stdout
-    assert 'string instruction' in shown.stdout and 'uint8 PREEMPTED = 3' in shown.stdout
+    assert 'string instruction' in shown.stdout and 'uint8 PREEMPTED = 5' in shown.stdout
     assert shown.stdout.count('\n---\n') == 2, 'goal, result and feedback'
 
 
@@ -185,9 +185,9 @@ def test_a_second_send_goal_preempts_the_first(system):
     second_output = second.finish(60.0)
     first_output = first.finish(30.0)
     assert first.process.returncode == 0, first_output
-    assert re.search(r'Result:\s+outcome: 3\nreason: .*preempted by a new goal', first_output), first_output
+    assert re.search(r'Result:\s+outcome: 5\nreason: .*preempted by a new goal', first_output), first_output
     assert 'Goal finished with status: ABORTED' in first_output, first_output
-    assert re.search(r'Result:\s+outcome: 2\b', second_output), second_output           # TIMED_OUT
+    assert re.search(r'Result:\s+outcome: 4\b', second_output), second_output           # TIMED_OUT
     assert 'Goal finished with status: ABORTED' in second_output, second_output
 
 
@@ -197,7 +197,7 @@ def test_send_goal_with_feedback_on_the_layouts_task_ends_succeeded(system):
     output = goal.finish(90.0)
     assert goal.process.returncode == 0, output
     assert 'Goal accepted with ID' in output, output
-    feedback = re.findall(r'Feedback:\s+elapsed: [\d.e-]+\ncontrol_steps: (\d+)\nchunks: (\d+)', output)
+    feedback = re.findall(r'Feedback:\s+episode: \d+\nelapsed: [\d.e-]+\ncontrol_steps: (\d+)\nchunks: (\d+)', output)
     assert feedback and int(feedback[-1][0]) > 0, output
-    assert re.search(r'Result:\s+outcome: 0\n', output), output                        # SUCCEEDED
+    assert re.search(r'Result:\s+outcome: 1\n', output), output                        # SUCCEEDED
     assert output.rstrip().endswith('Goal finished with status: SUCCEEDED'), output

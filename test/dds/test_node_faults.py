@@ -178,7 +178,7 @@ def test_only_documented_interfaces(system):
     services = {n for n, _ in graph.get_service_names_and_types_by_node(name, '/')}
     action = f'{NODE}/run_instruction/_action'          # the RunInstruction action's topics and services
     assert published <= {'/' + CONFIG['command_topic'], '/diagnostics', '/rosout',
-                         '/parameter_events', f'{action}/feedback', f'{action}/status'}
+                         '/parameter_events', f'{action}/feedback', f'{action}/status', f'{NODE}/episode'}
     inputs = {'/' + t for t in CONFIG['camera_topics']} | {
         '/joint_states', '/instruction', '/' + CONFIG['task_success_topic']}
     watched = {'/' + CONFIG['command_topic']}          # matched events only: who else publishes there

@@ -3,10 +3,10 @@
 The RunInstruction action against the simulated robot: success, time-out, cancel (a hold), preemption.
 
 The installed node runs the shipped policy (planar.yaml); the simulated arm runs ``goal_driven``:
-one layout, whose task it prints, and ``task_success`` while the tip touches the named block.
-An action client of the test sends the goals. A goal naming another block than the layout's
-never succeeds, so it runs until it is cancelled, preempted or timed out; the last test sends
-the layout's task, which succeeds.
+one layout, whose task it prints, and a ``TaskSuccess`` naming the episode it saw start on the
+node's ``~/episode`` while the tip touches the named block. An action client of the test sends
+the goals. A goal naming another block than the layout's never succeeds, so it runs until it
+is cancelled, preempted or timed out; the last test sends the layout's task, which succeeds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 
+from action_msgs.msg import GoalStatus
 import pytest
 import rclpy
 from rclpy.action import ActionClient
@@ -141,6 +142,8 @@ def test_the_layouts_task_succeeds_on_the_arms_success_signal(system):
     client, task = system
     feedback = []
     handle = client.send(task, time_limit=30.0, feedback=feedback)
-    result = client.until(handle.get_result_async(), 40.0).result
-    assert result.outcome == Result.SUCCEEDED, result
+    response = client.until(handle.get_result_async(), 40.0)
+    result = response.result
+    assert result.outcome == Result.SUCCEEDED and response.status == GoalStatus.STATUS_SUCCEEDED, result
     assert result.chunks > 0 and result.control_steps > 0 and feedback, result
+    assert result.episode == feedback[-1].episode > 0, 'the success named the goal\'s episode'

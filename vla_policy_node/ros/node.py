@@ -43,6 +43,7 @@ from vla_policy_node.ros.command_groups import CommandOutputs, TRAJECTORY_INTERF
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import (ConversionError, image_to_rgb, instruction_from_cdr, stamp_seconds,
                                              undecodable_is_an_error)
+from vla_policy_node.ros.episodes import Episodes
 from vla_policy_node.ros.params import current_values, declare_parameters, NodeSettings, validate_change
 from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.polled_input import PolledSubscription
@@ -117,8 +118,9 @@ class PolicyWiring:
         self.add_on_set_parameters_callback(self._on_set_parameters)
         if hasattr(self, 'add_post_set_parameters_callback'):
             self.add_post_set_parameters_callback(self._after_set_parameters)
+        self._episodes = Episodes(self)
         self._task = TaskAction(self, self._settings.task_success_topic, self._settings.max_instruction_length,
-                                lambda: self._loop, self._task_refusal, self._now)
+                                lambda: self._loop, self._task_refusal, self._now, self._episodes)
 
     def _task_refusal(self) -> str | None:
         """Say why a RunInstruction goal cannot start now, or None."""
@@ -258,7 +260,7 @@ class PolicyWiring:
         except ConversionError as error:
             self._loop.reject(INSTRUCTION, str(error))
             return
-        self._loop.on_instruction(text)
+        self._episodes.on_instruction(text, self._loop.on_instruction(text))
 
     # ------------------------------------------------------------------ control
     def _on_control_tick(self) -> None:
@@ -290,9 +292,10 @@ class PolicyWiring:
     # ------------------------------------------------------------------ episodes
     def _on_reset_episode(self, request: Trigger.Request,
                           response: Trigger.Response) -> Trigger.Response:
-        count = self._loop.reset_episode('reset_episode service')
+        self._loop.reset_episode('reset_episode service')
+        episode = self._episodes.start(None, 'reset_episode service')
         response.success = True
-        response.message = f'episode reset #{count}: prefix cache, action queue and blending cleared'
+        response.message = f'episode {episode} started: prefix cache, action queue and blending cleared'
         return response
 
     def _on_restart_from_measured(self, request: Trigger.Request,

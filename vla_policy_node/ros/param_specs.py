@@ -148,9 +148,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'std_msgs/String topic carrying the task (reliable, transient local).'),
     ParamSpec('joint_states_topic', 'joint_states', 'sensor_msgs/JointState topic; relative names '
               'follow the node\'s namespace and remaps.'),
-    ParamSpec('task_success_topic', 'task_success', 'std_msgs/Empty topic on which the robot (or a '
-              'success detector) says the task succeeded: it ends the running RunInstruction goal as '
-              'SUCCEEDED.'),
+    ParamSpec('task_success_topic', 'task_success', 'vla_policy_interfaces/TaskSuccess topic on which the '
+              'robot (or a success detector) says the task of an episode succeeded: it ends the running '
+              'RunInstruction goal as SUCCEEDED only when it names the goal\'s episode (~/episode) and is '
+              'stamped at or after the goal\'s acceptance.'),
     ParamSpec('joint_names', Parameter.Type.STRING_ARRAY,
               'Joints in the order of the policy\'s state and action vectors.'),
     ParamSpec('joint_units.scale', Parameter.Type.DOUBLE_ARRAY,

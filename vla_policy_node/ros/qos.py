@@ -71,6 +71,15 @@ SERVICE_QOS = QoSProfile(
     durability=DurabilityPolicy.VOLATILE,
 )
 
+# The node's ~/episode events: none lost, and a late subscriber (a recorder, a success detector)
+# still gets the last ones, the current episode among them.
+EPISODE_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.TRANSIENT_LOCAL,
+)
+
 # /diagnostics, as diagnostic_aggregator and rqt_robot_monitor expect it.
 DIAGNOSTICS_QOS = QoSProfile(
     history=HistoryPolicy.KEEP_LAST,

@@ -13,9 +13,11 @@ for each it places new blocks (the arm stays where it is), publishes the instruc
 ticks until the tip touches the named block or ``max_steps`` pass. It prints one line
 per episode and the success rate, and saves the first episode as a GIF and a PNG strip
 captioned with the instruction, the outcome and the time.
-While the tip touches the named block it publishes ``task_success`` (std_msgs/Empty, the
-success signal of a RunInstruction goal); with ``goal_driven`` it sets out one layout, prints
-its task and publishes no instruction: a RunInstruction goal gives it.
+While the tip touches the named block it publishes ``task_success``
+(``vla_policy_interfaces/TaskSuccess``, the success signal of a RunInstruction goal) naming the
+episode it saw start last on the node's ``~/episode`` topic (``policy_node``), as a success
+detector would; with ``goal_driven`` it sets out one layout, prints its task and publishes no
+instruction: a RunInstruction goal gives it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Empty, Float64MultiArray, String
+from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
+from vla_policy_interfaces.msg import Episode, TaskSuccess
 
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
-from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
+from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, EPISODE_QOS, INSTRUCTION_QOS,
+                                     JOINT_STATES_QOS)
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.trajectory import TrajectoryFollower
@@ -108,7 +112,9 @@ class SimRobot(Node):
         self._joint_pub = self.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._camera_pub = self.create_publisher(Image, camera_topic, CAMERA_QOS)
         self._instruction_pub = self.create_publisher(String, 'instruction', INSTRUCTION_QOS)
-        self._success_pub = self.create_publisher(Empty, 'task_success', COMMAND_QOS)
+        self._success_pub = self.create_publisher(TaskSuccess, 'task_success', COMMAND_QOS)
+        self._node_episode: int | None = None          # the node's running episode (None: none, or it ended)
+        self.create_subscription(Episode, f'{policy_node}/episode', self._on_node_episode, EPISODE_QOS)
         self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
         if interface == 'joint_trajectory':
             self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
@@ -170,6 +176,9 @@ class SimRobot(Node):
         if values is not None:
             self._policy = values
 
+    def _on_node_episode(self, msg: Episode) -> None:
+        self._node_episode = msg.episode if msg.event == Episode.STARTED else None
+
     def _node_ready(self) -> bool:
         """
         Tell whether the policy node can serve an episode: its reset service is up and it reports.
@@ -224,8 +233,8 @@ class SimRobot(Node):
             return
         if self._phase != 'running':
             return
-        if self._env.is_touching():         # the success signal, for a RunInstruction goal
-            self._success_pub.publish(Empty())
+        if self._env.is_touching() and self._node_episode is not None:     # a RunInstruction goal's success
+            self._success_pub.publish(TaskSuccess(stamp=self.get_clock().now().to_msg(), episode=self._node_episode))
         if self._goal_driven:
             return
         steps = int((time.monotonic() - self._episode_start) / self._env.dt)
