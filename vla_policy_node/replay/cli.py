@@ -60,13 +60,34 @@ def settings_from_files(params_files: Sequence[str], overrides: Sequence[str] = 
     values = {spec.name: spec.default for spec in PARAMETERS
               if not spec.required and not spec.optional}
     for path in params_files:
-        values.update(read_params_file(path, NODE))
+        values.update(_typed(read_params_file(path, NODE)))
     for assignment in overrides:
         name, sep, text = assignment.partition(':=')
         if not sep:
             raise ParameterError(f"-p {assignment!r}: write name:=value")
-        values[name] = yaml.safe_load(text)
+        try:
+            values.update(_typed({name: yaml.safe_load(text)}))
+        except yaml.YAMLError as error:
+            raise ParameterError(f'-p {assignment!r}: not a YAML value ({error})'.splitlines()[0]) from None
     return settings_from_values(values)
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse a declared parameter's value of another type, as rcl would at the node's start (ParameterError)."""
+    from rclpy.parameter import Parameter
+    specs = {spec.name: spec for spec in PARAMETERS}
+    for name, value in values.items():
+        if name not in specs or value == []:
+            continue
+        expected = specs[name].type
+        try:
+            kind = Parameter.Type.from_parameter_value(value)
+        except TypeError:
+            kind = None
+        if kind != expected and (kind, expected) not in ((Parameter.Type.INTEGER, Parameter.Type.DOUBLE),
+                                                         (Parameter.Type.INTEGER_ARRAY, Parameter.Type.DOUBLE_ARRAY)):
+            raise ParameterError(f"parameter '{name}' {specs[name].requirement()}, not {value!r}")
+    return values
 
 
 @dataclass

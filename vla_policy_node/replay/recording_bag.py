@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+The recorder's bag: a rosbag2 folder (``metadata.yaml`` and one MCAP file) that a crash leaves readable.
+
+An MCAP chunk is closed, with its message indexes, in one write once it holds ``CHUNK_BYTES``
+or ``FLUSH_PERIOD`` after its first message, so a killed process leaves every message older
+than that in the file; the file is fsync'ed every ``SYNC_PERIOD`` (what a power loss can
+take). ``metadata.yaml`` is written when the bag opens and rewritten atomically at every sync,
+so the folder is a rosbag2 bag from the start. The file's summary is written when the bag is
+closed; a file that never was (``recovery.close_unfinished``) is cut after its last complete
+chunk and ended, which ``vla-policy-replay`` does by itself. Chunks are not compressed: the
+frames are most of the bytes, and compressing them would take CPU from the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import os
+from pathlib import Path
+import time
+
+from mcap.writer import CompressionType, Writer
+from rosbags.typesys import get_typestore, Stores
+from rosbags.typesys.msg import get_types_from_msg
+import yaml
+
+from vla_policy_node.replay.bag import message_definition, SEPARATOR
+from vla_policy_node.replay.recovery import close_unfinished, Recovered, replace_text
+
+CHUNK_BYTES = 1 << 20
+FLUSH_PERIOD = 0.2
+SYNC_PERIOD = 1.0
+
+
+def type_hashes(type_names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Map each ``pkg/msg/Type`` to (rosbag2's stored definition, its RIHS01 type hash)."""
+    typestore = get_typestore(Stores.ROS2_KILTED)
+    definitions = {name: message_definition(name) for name in type_names}
+    for name, definition in definitions.items():
+        parts = definition.split(f'\n{SEPARATOR}\nMSG: ')
+        types = get_types_from_msg(parts[0], name)
+        for part in parts[1:]:
+            used, _, text = part.partition('\n')
+            package, _, leaf = used.partition('/')
+            types.update(get_types_from_msg(text, f'{package}/msg/{leaf}'))
+        typestore.register({key: value for key, value in types.items() if key not in typestore.fielddefs})
+    return {name: (definitions[name], typestore.hash_rihs01(name)) for name in type_names}
+
+
+class RecordingBag:
+    """Append messages (serialized CDR) of fixed topics to a new rosbag2 folder's MCAP file."""
+
+    def __init__(self, folder: Path, topics: Sequence[tuple[str, str]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``folder`` exists and is empty; ``topics``: (name, ``pkg/msg/Type``), in channel order."""
+        self.folder = folder
+        self.path = folder / f'{folder.name}_0.mcap'
+        self._clock = clock
+        self._stream = open(self.path, 'xb')
+        self._writer = Writer(self._stream, chunk_size=CHUNK_BYTES, compression=CompressionType.NONE)
+        self._writer.start(profile='ros2', library='vla-policy-record')
+        hashes = type_hashes(sorted({type_name for _, type_name in topics}))
+        schemas = {name: self._writer.register_schema(name, 'ros2msg', definition.encode())
+                   for name, (definition, _) in hashes.items()}
+        self._topics = list(topics)
+        self._hashes = {name: rihs for name, (_, rihs) in hashes.items()}
+        self._channels = [self._writer.register_channel(topic, 'cdr', schemas[type_name], {
+            'offered_qos_profiles': '', 'topic_type_hash': self._hashes[type_name]}) for topic, type_name in topics]
+        self.counts = [0] * len(topics)
+        self._times: list[int] = []
+        self._chunk_since: float | None = None
+        self._synced = clock()
+        self._writer.flush()
+        self._write_metadata()
+
+    def write(self, topic: int, log_time: int, raw: bytes) -> None:
+        """Append one message of topic number ``topic`` (log times must not decrease); OSError if it fails."""
+        self._writer.add_message(self._channels[topic], log_time, raw, log_time, self.counts[topic])
+        self.counts[topic] += 1
+        self._times = [self._times[0] if self._times else log_time, log_time]
+        self._chunk_since = self._clock() if self._chunk_since is None else self._chunk_since
+
+    def tick(self) -> None:
+        """Close the chunk once it is ``FLUSH_PERIOD`` old; fsync and rewrite the metadata every ``SYNC_PERIOD``."""
+        now = self._clock()
+        if self._chunk_since is not None and now - self._chunk_since >= FLUSH_PERIOD:
+            self._writer.flush()
+            self._chunk_since = None
+        if now - self._synced >= SYNC_PERIOD:
+            self._writer.flush()
+            self._chunk_since = None
+            os.fsync(self._stream.fileno())
+            self._write_metadata()
+            self._synced = now
+
+    def close(self) -> None:
+        """Write the summary and footer, and the final metadata (OSError if the disk refuses)."""
+        self._writer.finish()
+        self._stream.flush()
+        os.fsync(self._stream.fileno())
+        self._stream.close()
+        self._write_metadata()
+
+    def abandon(self) -> Recovered | None:
+        """After a failed write (disk full): end the file after its last complete chunk, as after a crash."""
+        try:
+            self._stream.close()
+        except OSError:
+            pass        # the buffer it could not write is the unfinished chunk the recovery cuts
+        return close_unfinished(self.path)
+
+    def _write_metadata(self) -> None:
+        start, end = self._times or [0, 0]
+        count = sum(self.counts)
+        info = {
+            'version': 9, 'storage_identifier': 'mcap', 'relative_file_paths': [self.path.name],
+            'duration': {'nanoseconds': end - start}, 'starting_time': {'nanoseconds_since_epoch': start},
+            'message_count': count,
+            'topics_with_message_count': [
+                {'topic_metadata': {'name': topic, 'type': type_name, 'serialization_format': 'cdr',
+                                    'offered_qos_profiles': [], 'type_description_hash': self._hashes[type_name]},
+                 'message_count': self.counts[i]} for i, (topic, type_name) in enumerate(self._topics)],
+            'compression_format': '', 'compression_mode': '',
+            'files': [{'path': self.path.name, 'starting_time': {'nanoseconds_since_epoch': start},
+                       'duration': {'nanoseconds': end - start}, 'message_count': count}],
+            'custom_data': None, 'ros_distro': os.environ.get('ROS_DISTRO', 'kilted')}
+        replace_text(self.folder / 'metadata.yaml',
+                     yaml.safe_dump({'rosbag2_bagfile_information': info}, sort_keys=False))

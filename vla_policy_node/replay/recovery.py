@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+Close an MCAP file that its writer never closed (killed, power lost, disk full).
+
+Such a file ends inside a record, with no summary and no footer, and readers refuse it ("File
+end magic is invalid"). Every record before that point is intact: the recorder closes a chunk
+(and its message indexes) in one write. :func:`close_unfinished` walks the records from the
+start, keeps those that are complete (a chunk only if its CRC matches, since after a power loss
+the end of a file can be zeros), cuts the file after the last one and appends a data end and a
+footer without a summary, which readers handle by scanning the file (``rosbags`` and rosbag2's
+MCAP plugin both do). The message counts of the rosbag2 folder's ``metadata.yaml`` are
+rewritten to match. Nothing complete is changed: the cut removes only bytes no reader could use.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+import mmap
+import os
+from pathlib import Path
+import struct
+import zlib
+
+import yaml
+
+MAGIC = b'\x89MCAP0\r\n'
+HEADER, FOOTER, CHANNEL, MESSAGE, CHUNK, DATA_END = 0x01, 0x02, 0x04, 0x05, 0x06, 0x0F
+# A data end (its CRC 0: not computed) and a footer with no summary (offsets 0, CRC 0), then the magic.
+END = (struct.pack('<BQI', DATA_END, 4, 0) + struct.pack('<BQQQI', FOOTER, 20, 0, 0, 0) + MAGIC)
+
+
+@dataclass
+class Recovered:
+    """What an unfinished file held: its complete messages per topic, and the bytes cut."""
+
+    path: Path
+    counts: Counter = field(default_factory=Counter)      # topic -> messages
+    times: list[int] = field(default_factory=list)        # first and last log time (ns)
+    cut_bytes: int = 0
+
+    @property
+    def messages(self) -> int:
+        """All complete messages kept."""
+        return sum(self.counts.values())
+
+
+def is_finished(path: Path) -> bool:
+    """Tell whether the MCAP file ends with its magic (a writer closed it)."""
+    with open(path, 'rb') as stream:
+        size = stream.seek(0, os.SEEK_END)
+        if size < 2 * len(MAGIC):
+            return False
+        stream.seek(size - len(MAGIC))
+        return stream.read(len(MAGIC)) == MAGIC
+
+
+class _Scan:
+    """The complete records of a file, their channels (topics) and message counts."""
+
+    def __init__(self) -> None:
+        self.topics: dict[int, str] = {}
+        self.counts: Counter = Counter()
+        self.times: list[int] = []
+        self.end = 0            # offset just after the last complete record
+
+    def records(self, data: memoryview, start: int, stop: int, top: bool):
+        offset = start
+        while offset + 9 <= stop:
+            opcode, length = struct.unpack_from('<BQ', data, offset)
+            body = offset + 9
+            if length > stop - body or (top and opcode in (DATA_END, FOOTER)):
+                return
+            if top and opcode == CHUNK and not self._chunk(data, body, body + length):
+                return
+            if opcode == CHANNEL:
+                channel, _, size = struct.unpack_from('<HHI', data, body)
+                self.topics[channel] = bytes(data[body + 8:body + 8 + size]).decode()
+            elif opcode == MESSAGE:
+                channel, _, log_time = struct.unpack_from('<HIQ', data, body)
+                self.counts[self.topics.get(channel, str(channel))] += 1
+                self.times = [min(self.times[0], log_time), max(self.times[1], log_time)] if self.times else [
+                    log_time, log_time]
+            offset = body + length
+            if top:
+                self.end = offset
+
+    def _chunk(self, data: memoryview, start: int, stop: int) -> bool:
+        """Read a complete chunk's records; False if it is corrupt (its CRC) or compressed other than zstd."""
+        _, _, size, crc, compression_length = struct.unpack_from('<QQQII', data, start)
+        at = start + 32 + compression_length
+        compression = bytes(data[start + 32:at])
+        if compression not in (b'', b'zstd') or at + 8 > stop:
+            return False
+        (stored_length,) = struct.unpack_from('<Q', data, at)
+        records = data[at + 8:min(stop, at + 8 + stored_length)]
+        if compression:
+            import zstandard        # rosbags' dependency; only other writers' files are compressed
+            try:
+                records = memoryview(zstandard.decompress(records, max_output_size=size))
+            except zstandard.ZstdError:
+                return False
+        if len(records) != size or (crc and zlib.crc32(records) != crc):
+            return False
+        self.records(records, 0, size, top=False)
+        return True
+
+
+def close_unfinished(path: str | os.PathLike) -> Recovered | None:
+    """
+    End the MCAP file at ``path`` after its last complete record; None if it was closed already.
+
+    ValueError if it does not start as an MCAP file. The folder's ``metadata.yaml``, if any, gets the counts.
+    """
+    path = Path(path)
+    if is_finished(path):
+        return None
+    scan = _Scan()
+    with open(path, 'rb') as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with memoryview(mapped) as data:
+            if bytes(data[:len(MAGIC)]) != MAGIC or len(data) < len(MAGIC) + 9 or data[len(MAGIC)] != HEADER:
+                raise ValueError(f'{path} does not start as an MCAP file')
+            scan.records(data, len(MAGIC), len(data), top=True)
+            size = len(data)
+    if scan.end <= len(MAGIC):
+        raise ValueError(f'{path} holds no complete MCAP record')
+    recovered = Recovered(path, scan.counts, scan.times, size - scan.end)
+    with open(path, 'r+b') as stream:
+        stream.truncate(scan.end)
+        stream.seek(scan.end)
+        stream.write(END)
+        stream.flush()
+        os.fsync(stream.fileno())
+    metadata = path.parent / 'metadata.yaml'
+    if metadata.is_file():
+        write_counts(metadata, recovered)
+    return recovered
+
+
+def write_counts(metadata: Path, recovered: Recovered) -> None:
+    """Rewrite a rosbag2 ``metadata.yaml`` with the counts and times of the messages the file holds."""
+    document = yaml.safe_load(metadata.read_text())
+    info = document['rosbag2_bagfile_information']
+    start, end = recovered.times or [0, 0]
+    for entry in info['topics_with_message_count']:
+        entry['message_count'] = recovered.counts.get(entry['topic_metadata']['name'], 0)
+    info['message_count'] = recovered.messages
+    info['starting_time'] = {'nanoseconds_since_epoch': start}
+    info['duration'] = {'nanoseconds': end - start}
+    for entry in info.get('files', []):
+        entry.update(message_count=recovered.messages, starting_time=dict(info['starting_time']),
+                     duration=dict(info['duration']))
+    replace_text(metadata, yaml.safe_dump(document, sort_keys=False))
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` atomically (a temporary file renamed over it), so a crash leaves the old or the new."""
+    temporary = path.with_name(path.name + '.tmp')
+    with open(temporary, 'w') as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
