@@ -24,6 +24,8 @@ from typing import Any
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import get_typestore, Stores
 
+from vla_policy_node.replay.recovery import close_unfinished, Recovered
+
 PRIMITIVES = {'bool', 'byte', 'char', 'float32', 'float64', 'int8', 'uint8', 'int16', 'uint16',
               'int32', 'uint32', 'int64', 'uint64', 'string', 'wstring'}
 SEPARATOR = '=' * 80
@@ -41,6 +43,26 @@ def bag_paths(path: str | os.PathLike) -> list[Path]:
         raise FileNotFoundError(f'{path} is neither a bag file ({", ".join(STORAGE_SUFFIXES)}) nor a folder '
                                 'holding one')
     return files
+
+
+def end_unfinished(path: str | os.PathLike) -> list[Recovered]:
+    """
+    End every MCAP file of the bag that its writer never closed (``recovery``); what each still holds.
+
+    ValueError (BagError) if such a file holds nothing readable.
+    """
+    files = [p for p in bag_paths(path) for p in ([p] if p.is_file() else sorted(p.glob('*.mcap')))]
+    recovered = []
+    for file in files:
+        if file.suffix != '.mcap' or not file.stat().st_size:
+            continue
+        try:
+            ended = close_unfinished(file)
+        except ValueError as error:
+            raise _unreadable(file, error) from error
+        if ended is not None:
+            recovered.append(ended)
+    return recovered
 
 
 class BagError(ValueError):
