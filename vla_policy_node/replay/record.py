@@ -60,6 +60,7 @@ NODE_NAME = 'vla_policy_recorder'
 PROG = 'vla-policy-record'
 MAX_DURATION = 365 * 24 * 3600.0
 DIAGNOSTICS_PERIOD = 1.0
+PUBLISHERS_PERIOD = 0.1
 # Best effort (the drivers' sensor QoS) with room for a second of frames: the callback only queues,
 # so the history never fills unless the process stalls.
 RECORD_CAMERA_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=30, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -136,35 +137,43 @@ class Recorder(Node):
             raise
         self.recording = Recording(self.bag, names, lambda: self.get_clock().now().nanoseconds,
                                    on_failure=lambda error: rclpy.try_shutdown(context=self.context))
+        self._sensors = [names.index(name) for name, _, qos in streams if qos.reliability == ReliabilityPolicy.BEST_EFFORT]
         for name, msg_type, qos in streams:
             index = names.index(name)
-            self.create_subscription(msg_type, name, lambda raw, i=index: self.recording.put(i, raw), qos, raw=True)
+            self.create_subscription(msg_type, name, lambda raw, info, i=index: self.recording.put(
+                i, raw, info['publication_sequence_number']), qos, raw=True)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         self.create_timer(DIAGNOSTICS_PERIOD, self._publish_diagnostics)
+        self.create_timer(PUBLISHERS_PERIOD, self._count_publishers)
         self.get_logger().info(f'recording {names} to {self.folder}')
+
+    def _count_publishers(self) -> None:
+        """Sensor streams with one publisher: a gap in its sequence numbers is frames DDS lost."""
+        for index in self._sensors:
+            self.recording.counts[index].single_publisher = self.count_publishers(self.recording.topics[index]) == 1
 
     def _publish_diagnostics(self) -> None:
         counts = self.recording.counts
-        dropped = sum(c.dropped for c in counts)
+        dropped = sum(c.dropped + c.lost for c in counts)
         status = DiagnosticStatus(
             level=DiagnosticStatus.WARN if dropped or self.recording.error else DiagnosticStatus.OK,
             name=f'{NODE_NAME}: {self.folder}', hardware_id=str(self.folder),
             message=f'{dropped} messages dropped' if dropped else 'recording')
         status.values = [KeyValue(key='queued_bytes', value=str(self.recording.queued_bytes))] + [
             KeyValue(key=f'{topic} {field}', value=str(getattr(c, field)))
-            for topic, c in zip(self.recording.topics, counts) for field in ('received', 'written', 'dropped')]
+            for topic, c in zip(self.recording.topics, counts) for field in ('received', 'written', 'dropped', 'lost')]
         self._diagnostics.publish(DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()),
                                                   status=[status]))
 
     def summary(self) -> list[str]:
         """One line for the bag, then one per topic: received, written, dropped."""
         counts = self.recording.counts
-        written, dropped = sum(c.written for c in counts), sum(c.dropped for c in counts)
+        written, dropped = sum(c.written for c in counts), sum(c.dropped + c.lost for c in counts)
         size = sum(path.stat().st_size for path in self.folder.iterdir()) / 1e6
         lines = [f'recorded {written} messages ({size:.1f} MB) in {self.folder}, {dropped} dropped']
         width = max(len(topic) for topic in self.recording.topics)
-        return lines + [f'  {topic:<{width}}  {c.received:>7} received {c.written:>7} written {c.dropped:>7} dropped'
-                        for topic, c in zip(self.recording.topics, counts)]
+        return lines + [f'  {topic:<{width}}  {c.received:>7} received {c.written:>7} written {c.dropped:>7} dropped '
+                        f'{c.lost:>7} lost before arriving' for topic, c in zip(self.recording.topics, counts)]
 
 
 def duration(text: str) -> float:

@@ -24,11 +24,18 @@ MAX_QUEUE_BYTES = 512 << 20     # about 9 s of two 640x480 rgb8 cameras at 30 Hz
 
 @dataclass
 class TopicCounts:
-    """One topic's messages: arrived, written to the bag, dropped (queue full or bag failed)."""
+    """
+    One topic's messages: arrived, written to the bag, dropped here (queue full, bag failed) and lost before.
+
+    ``lost``: gaps in the sequence numbers of the topic's one publisher (DDS did not deliver them).
+    """
 
     received: int = 0
     written: int = 0
     dropped: int = 0
+    lost: int = 0
+    last_sequence: int = 0
+    single_publisher: bool = False      # gaps are counted only then: several writers interleave their numbers
 
 
 class Recording:
@@ -55,11 +62,18 @@ class Recording:
         self._thread = threading.Thread(target=self._run, name='bag writer', daemon=True)
         self._thread.start()
 
-    def put(self, topic: int, raw: bytes) -> None:
-        """Stamp (the clock, never earlier than the message before) and queue; count a drop if full."""
+    def put(self, topic: int, raw: bytes, sequence: int = 0) -> None:
+        """
+        Stamp (the clock, never earlier than the message before) and queue; count a drop if full.
+
+        ``sequence``: the publisher's sequence number of the message (0: unknown), for counting what DDS lost.
+        """
         with self._condition:
             counts = self.counts[topic]
             counts.received += 1
+            if sequence and counts.single_publisher and counts.last_sequence and sequence > counts.last_sequence + 1:
+                counts.lost += sequence - counts.last_sequence - 1
+            counts.last_sequence = sequence
             if self.error is not None or self._stopping or self._bytes + len(raw) > self._max_bytes:
                 counts.dropped += 1
                 return
