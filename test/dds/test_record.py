@@ -57,7 +57,7 @@ SHM_PROFILE = Path(__file__).resolve().parents[2] / 'config' / 'fastdds_shm.xml'
 
 @pytest.fixture(scope='module')
 def params(tmp_path_factory) -> Path:
-    """The node's parameter file: an arm on follow_joint_trajectory, a gripper on a topic."""
+    """Write the node's parameter file: an arm on follow_joint_trajectory, a gripper on a topic."""
     path = tmp_path_factory.mktemp('record') / 'groups.yaml'
     path.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
         **GROUPS, 'allow_random_weights': True, 'num_threads': 1}}}))
@@ -97,7 +97,7 @@ class FakeNode:
                                       goal_id=UUID(uuid=list(goal)), outcome=outcome, reason='test'))
 
     def goal(self, positions: list[float], answers: tuple[int, ...]) -> None:
-        """A SENT goal on the arm's action with its trajectory, then the controller's answers."""
+        """Publish a SENT goal on the arm's action with its trajectory, then the controller's answers."""
         self.goal_number += 1
         trajectory = JointTrajectory(joint_names=JOINTS[:5], points=[JointTrajectoryPoint(positions=positions)])
         common = dict(group='arm', action=f'{NAMESPACE}/arm_controller/follow_joint_trajectory', goal=self.goal_number)

@@ -166,7 +166,7 @@ class _Recorder:
                 self.episodes[-1] = (self.episodes[-1][0], self.instruction)
 
     def on_episode(self, msg: Any) -> None:
-        """STARTED: the episode's instruction applies; ENDED: the robot holds, nothing to compare until the next."""
+        """Take an Episode: STARTED, its instruction applies; ENDED, the robot holds (nothing to compare)."""
         if msg.event == 0:
             self.episodes.append((msg.episode, None))
             self.on_instruction(msg.instruction)
@@ -174,7 +174,7 @@ class _Recorder:
             self.instruction = None
 
     def on_goal(self, msg: Any, t: float) -> None:
-        """A CommandGoal: a SENT goal's trajectory is the group's command; every event is counted."""
+        """Count a CommandGoal event; a SENT goal's trajectory is its group's command."""
         group = next((g for g in self.settings.command_groups if g.name == msg.group), None)
         if group is None or group.name not in self.goals or msg.event >= len(GOAL_EVENTS):
             return
@@ -374,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_files(args.params_file, args.param)
         for recovered in end_unfinished(args.bag):
             print(f'note: {recovered.path} was never closed (its recorder was killed?): ended after its last '
-                  f'complete chunk, {recovered.messages} messages kept, {recovered.cut_bytes} bytes cut', file=sys.stderr)
+                  f'complete chunk, {recovered.messages} messages kept, {recovered.cut_bytes} bytes cut',
+                  file=sys.stderr)
         check_bag(args.bag, settings, args.namespace, args.node)   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
                              lambda text: print(f'warning: {text}', file=sys.stderr))

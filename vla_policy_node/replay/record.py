@@ -137,7 +137,8 @@ class Recorder(Node):
             raise
         self.recording = Recording(self.bag, names, lambda: self.get_clock().now().nanoseconds,
                                    on_failure=lambda error: rclpy.try_shutdown(context=self.context))
-        self._sensors = [names.index(name) for name, _, qos in streams if qos.reliability == ReliabilityPolicy.BEST_EFFORT]
+        self._sensors = [names.index(name) for name, _, qos in streams
+                         if qos.reliability == ReliabilityPolicy.BEST_EFFORT]
         for name, msg_type, qos in streams:
             index = names.index(name)
             self.create_subscription(msg_type, name, lambda raw, info, i=index: self.recording.put(
@@ -177,7 +178,7 @@ class Recorder(Node):
 
 
 def duration(text: str) -> float:
-    """argparse type of --duration: finite seconds in [0, a year]."""
+    """Read --duration: finite seconds in [0, a year] (ArgumentTypeError otherwise)."""
     try:
         value = float(text)
     except ValueError:

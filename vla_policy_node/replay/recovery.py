@@ -115,6 +115,8 @@ def close_unfinished(path: str | os.PathLike) -> Recovered | None:
     path = Path(path)
     if is_finished(path):
         return None
+    if path.stat().st_size < len(MAGIC) + 9:
+        raise ValueError(f'{path} does not start as an MCAP file (it is {path.stat().st_size} bytes long)')
     scan = _Scan()
     with open(path, 'rb') as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         with memoryview(mapped) as data:
