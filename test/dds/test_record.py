@@ -292,7 +292,7 @@ def test_two_cameras_640x480_at_30_hz_and_joints_at_200_hz_lose_no_frame_unrepor
     domain = next_domain_id()
     env = {'FASTDDS_DEFAULT_PROFILES_FILE': str(SHM_PROFILE)}
     recorder = RecorderProcess(domain, params, tmp_path / 'bag', tmp_path, env=env)
-    publisher = OutputProcess([sys.executable, str(Path(__file__).parent / 'camera_load.py'), '3.0'],
+    publisher = OutputProcess([sys.executable, '-m', 'benchmarks.camera_load', '--seconds', '3'],
                               {**ros_env(domain), **env})
     try:
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
