@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument('--loads', default='2@30,2@60,2@120',
                         help="CAMERAS@FPS, comma-separated (the config's two cameras are recorded)")
     parser.add_argument('--no-node', action='store_true', help='the recorder and the publisher only')
+    parser.add_argument('--logs', type=Path, help="keep each load's recorder and publisher output here")
     args = parser.parse_args()
     print(f"{'load':>8} {'node':>5} {'msg/s':>7} {'MB/s':>6} {'frames sent':>11} {'written':>8} {'dropped':>8} "
           f"{'lost':>5} {'recorder CPU':>12} {'node CPU':>8} {'loadavg':>7}")
@@ -95,6 +97,10 @@ def main() -> None:
         cameras, fps = load.split('@')
         with tempfile.TemporaryDirectory(prefix='record_load_') as folder:
             figures = run(int(cameras), float(fps), args.seconds, not args.no_node, Path(folder))
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(folder).glob('*.log'):
+                    shutil.copy(log, args.logs / f'{load}_{log.name}')
         written, dropped, lost = figures['frames']
         cpu = figures['cpu']
         print(f"{load:>8} {'no' if args.no_node else 'yes':>5} {figures['messages'] / args.seconds:>7.0f} "

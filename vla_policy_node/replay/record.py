@@ -33,14 +33,16 @@ import os
 from pathlib import Path
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 import rclpy
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, Header, String
@@ -61,6 +63,8 @@ PROG = 'vla-policy-record'
 MAX_DURATION = 365 * 24 * 3600.0
 DIAGNOSTICS_PERIOD = 1.0
 PUBLISHERS_PERIOD = 0.1
+SPIN_PERIOD = 0.1          # s: how soon a signal or the end of --duration is seen
+DRAIN_QUIET, DRAIN_LIMIT = 0.2, 3.0   # s: after the stop, take delivered messages until quiet, at most
 # Best effort (the drivers' sensor QoS) with room for a second of frames: the callback only queues,
 # so the history never fills unless the process stalls.
 RECORD_CAMERA_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=30, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -125,6 +129,7 @@ class Recorder(Node):
                  **node_options: Any) -> None:
         """``folder``: the bag's, made and empty; None: a new one named after the namespace here."""
         super().__init__(NODE_NAME, **node_options)
+        self.stop = threading.Event()       # Ctrl-C, SIGTERM, --duration or a failed write
         streams = [(self.resolve_topic_name(topic), msg_type, qos) for topic, msg_type, qos
                    in recorded_topics(settings, node)]
         names = list(dict.fromkeys(name for name, _, _ in streams))
@@ -136,7 +141,7 @@ class Recorder(Node):
             remove_empty_bag(self.folder)
             raise
         self.recording = Recording(self.bag, names, lambda: self.get_clock().now().nanoseconds,
-                                   on_failure=lambda error: rclpy.try_shutdown(context=self.context))
+                                   on_failure=lambda error: self.stop.set())
         self._sensors = [names.index(name) for name, _, qos in streams
                          if qos.reliability == ReliabilityPolicy.BEST_EFFORT]
         for name, msg_type, qos in streams:
@@ -225,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     # A file-size limit must end the recording like a full disk (EFBIG), not kill it without its end.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    rclpy.init(args=arguments)
+    rclpy.init(args=arguments, signal_handler_options=SignalHandlerOptions.NO)   # _run stops on Ctrl-C, SIGTERM
     try:
         recorder = Recorder(folder, settings, args.node)
     except (OSError, ValueError) as error:
@@ -238,12 +243,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(recorder: Recorder, seconds: float) -> int:
+    """Spin until told to stop, then take what DDS already delivered, close the bag and print the summary."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: recorder.stop.set())
+    executor = SingleThreadedExecutor(context=recorder.context)
+    executor.add_node(recorder)
+    end = time.monotonic() + (seconds or math.inf)
     try:
-        if seconds > 0:
-            recorder.create_timer(seconds, lambda: rclpy.try_shutdown())
-        rclpy.spin(recorder)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        while not recorder.stop.is_set() and time.monotonic() < end and recorder.context.ok():
+            executor.spin_once(timeout_sec=SPIN_PERIOD)
+        _drain(executor, recorder.recording)
     finally:
         recorder.recording.close()
         error = recorder.recording.error
@@ -252,9 +261,22 @@ def _run(recorder: Recorder, seconds: float) -> int:
                   'the disk is full or a file-size limit was reached; the bag ends after its last complete chunk',
                   file=sys.stderr, flush=True)
         print('\n'.join(recorder.summary()), flush=True)
+        executor.shutdown()
         recorder.destroy_node()
         rclpy.try_shutdown()
     return 1 if recorder.recording.error is not None else 0
+
+
+def _drain(executor: SingleThreadedExecutor, recording: Recording) -> None:
+    """Take the messages DDS delivered before the stop (a backlog of frames) until none came for DRAIN_QUIET s."""
+    def received() -> int:
+        return sum(c.received for c in recording.counts)
+
+    end, quiet_since, seen = time.monotonic() + DRAIN_LIMIT, time.monotonic(), received()
+    while recording.error is None and time.monotonic() < end and time.monotonic() - quiet_since < DRAIN_QUIET:
+        executor.spin_once(timeout_sec=DRAIN_QUIET / 4)
+        if received() != seen:
+            quiet_since, seen = time.monotonic(), received()
 
 
 if __name__ == '__main__':
