@@ -60,7 +60,8 @@ def run(cameras: int, fps: float, seconds: float, node: bool, folder: Path) -> d
                                   str(CONFIG), '--ros-args', '-r', '__ns:=/arm'], folder, 'recorder')
     wait_for(folder / 'recorder.log', 'recording [', 60.0)
     publisher = start([sys.executable, '-m', 'benchmarks.camera_load', '--seconds', str(seconds), '--cameras',
-                       str(cameras), '--fps', str(fps), '--instruction', 'pick up the cube'], folder, 'publisher')
+                       str(cameras), '--fps', str(fps), '--instruction', 'pick up the cube',
+                       '--subscribers', '2' if node else '1'], folder, 'publisher')
     wait_for(folder / 'publisher.log', 'waiting', 60.0)
     before, began = {name: cpu_seconds(p.pid) for name, p in measured.items()}, time.monotonic()
     wait_for(folder / 'publisher.log', 'sent ', 60.0 + seconds * 3)      # publishing is over
