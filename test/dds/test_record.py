@@ -22,7 +22,9 @@ import uuid
 
 import numpy as np
 import pytest
+from diagnostic_msgs.msg import DiagnosticArray
 import rclpy
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from ros_harness import DEFAULT_CONFIG, next_domain_id, OutputProcess, ros_env, wait_until
 from sensor_msgs.msg import Image, JointState
@@ -81,6 +83,12 @@ class FakeNode:
         self.image = Image(height=height, width=width, encoding='rgb8', step=3 * width,
                            data=np.random.default_rng(0).integers(0, 255, height * width * 3, np.uint8).tobytes())
         self.goal_number = 0
+        self.diagnostics = []
+        self.node.create_subscription(DiagnosticArray, '/diagnostics', self.diagnostics.append, 10)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.spinner = threading.Thread(target=self.executor.spin, daemon=True)
+        self.spinner.start()
 
     def wait_for_recorder(self, timeout: float = 20.0) -> None:
         """Wait until the recorder subscribes to every stream."""
@@ -113,7 +121,14 @@ class FakeNode:
             camera.publish(self.image)
         self.joints.publish(JointState(header=self.image.header, name=JOINTS, position=[0.1 * np.sin(t)] * 6))
 
+    def recorder_status(self) -> dict[str, str]:
+        """Return the recorder's newest status on /diagnostics, as key -> value."""
+        statuses = [status for array in list(self.diagnostics) for status in array.status
+                    if status.name.startswith('vla_policy_recorder')]
+        return {value.key: value.value for value in statuses[-1].values} if statuses else {}
+
     def close(self) -> None:
+        self.executor.shutdown()
         self.node.destroy_node()
         rclpy.shutdown(context=self.context)
 
@@ -121,10 +136,10 @@ class FakeNode:
 class RecorderProcess(OutputProcess):
     """vla-policy-record in the namespace /arm, run from ``cwd`` (where an unnamed bag goes)."""
 
-    def __init__(self, domain_id: int, params: Path, bag: Path | None, cwd: Path,
+    def __init__(self, domain_id: int, params: Path, bag: Path | None, cwd: Path, *extra: str,
                  env: dict[str, str] | None = None, preexec=None) -> None:
         args = [*RECORD, *([str(bag)] if bag else []), '--params-file', str(DEFAULT_CONFIG), '--params-file',
-                str(params), '--ros-args', '-r', f'__ns:={NAMESPACE}']
+                str(params), *extra, '--ros-args', '-r', f'__ns:={NAMESPACE}']
         self.process = subprocess.Popen(args, env={**ros_env(domain_id), **(env or {})}, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, cwd=cwd, preexec_fn=preexec)
         self.lines = []
@@ -161,7 +176,9 @@ def test_a_session_with_action_groups_and_task_episodes_is_recorded_and_replayed
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
         fake.wait_for_recorder()
         sent = session(fake)
-        time.sleep(0.5)
+        # Every second the recorder reports each topic's counts on /diagnostics.
+        assert wait_until(lambda: fake.recorder_status().get('/arm/joint_states written') == str(sent['sense']), 5.0)
+        assert fake.recorder_status()['/arm/joint_states dropped'] == '0', fake.recorder_status()
         recorder.process.send_signal(signal.SIGINT)
         assert recorder.wait(20.0) == 0, recorder.output
     finally:
@@ -264,18 +281,18 @@ def test_a_file_size_limit_ends_the_recording_with_one_line_and_a_readable_bag(p
 
 
 def test_two_recorders_started_in_the_same_second_in_one_folder_both_record(params, tmp_path):
+    """Unnamed bags in one folder; one ends with --duration by itself, the other by SIGTERM: both exit 0."""
     domain = next_domain_id()
     fake = FakeNode(domain)
-    recorders = [RecorderProcess(domain, params, None, tmp_path) for _ in range(2)]
+    recorders = [RecorderProcess(domain, params, None, tmp_path, '--duration', '6'),
+                 RecorderProcess(domain, params, None, tmp_path)]
     try:
         for recorder in recorders:
             assert recorder.wait_for_output('recording [', 30.0), recorder.output
         fake.wait_for_recorder()
         fake.episode(Episode.STARTED, 1, 'pick up the cube')
-        time.sleep(0.5)
-        for recorder in recorders:
-            recorder.process.send_signal(signal.SIGINT)
-            assert recorder.wait(20.0) == 0, recorder.output
+        recorders[1].process.send_signal(signal.SIGTERM)
+        assert [recorder.wait(20.0) for recorder in recorders] == [0, 0], recorders[0].output + recorders[1].output
     finally:
         for recorder in recorders:
             recorder.kill()
