@@ -248,3 +248,82 @@ def test_topics_resolve_in_the_namespace_the_bag_was_recorded_in():
     from vla_policy_node.replay.cli import absolute
     assert absolute('camera/x') == '/camera/x' and absolute('~/x') == '/x'
     assert absolute('camera/x', '/arm') == '/arm/camera/x' and absolute('/joint_states', 'arm') == '/joint_states'
+
+
+GOAL_GROUPS = {'commands': {
+    'groups': ['arm', 'gripper'],
+    'arm': {'interface': 'follow_joint_trajectory', 'topic': 'arm_controller/follow_joint_trajectory',
+            'joints': ['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll']},
+    'gripper': {'interface': 'gripper_command', 'topic': 'gripper_controller/gripper_cmd', 'joints': ['gripper']}},
+    'allow_random_weights': True, 'num_threads': 1}
+
+
+def goal_bag(path: Path, settings, episodes: list[str], announce: bool = True) -> None:
+    """
+    Two seconds per episode at 10 Hz: frames, joints, and every command as a CommandGoal SENT then SUCCEEDED.
+
+    ``announce``: the node's Episode events start and end each (else the bag has no instruction at all).
+    """
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+    from vla_policy_interfaces.msg import CommandGoal, Episode
+
+    from vla_policy_node.replay.bag import BagWriter
+    from vla_policy_node.ros.conversions import rgb_to_image
+
+    image, t = rgb_to_image(np.zeros((48, 64, 3), np.uint8)), 10**9
+    with BagWriter(path) as writer:
+        writer.write('/instruction', String(data=''), t)
+        for number, instruction in enumerate(episodes, 1):
+            if announce:
+                writer.write('/vla_policy_node/episode', Episode(event=0, episode=number, instruction=instruction), t)
+            for step in range(20):
+                t += 10**8
+                for topic in settings.camera_topics:
+                    writer.write('/' + topic, image, t)
+                writer.write('/joint_states', JointState(name=list(settings.joint_names), position=[0.1] * 6), t)
+                arm = JointTrajectory(joint_names=list(settings.joint_names[:5]),
+                                      points=[JointTrajectoryPoint(positions=[0.2] * 5)])
+                gripper = JointTrajectory(points=[JointTrajectoryPoint(positions=[0.3], effort=[5.0])])
+                for group, trajectory in (('arm', arm), ('gripper', gripper)):
+                    for event in (CommandGoal.SENT, CommandGoal.SUCCEEDED):
+                        writer.write('/vla_policy_node/command_goals',
+                                     CommandGoal(event=event, group=group, goal=step, trajectory=trajectory), t)
+            if announce:
+                writer.write('/vla_policy_node/episode', Episode(event=1, episode=number, instruction=instruction), t)
+
+
+def test_action_groups_replay_from_their_goals_and_episodes_from_the_node(tmp_path):
+    settings = settings_from_files([str(DEFAULT_CONFIG)], [f'{k}:={json.dumps(v)}' for k, v in {
+        'commands.groups': GOAL_GROUPS['commands']['groups'], 'allow_random_weights': True,
+        **{f'commands.{g}.{f}': v for g in ('arm', 'gripper') for f, v in GOAL_GROUPS['commands'][g].items()}}.items()])
+    bag = tmp_path / 'goals.mcap'
+    goal_bag(bag, settings, ['pick', 'place'])
+    tasks = []
+
+    class Recording(RecordedCommandPolicy):
+        def predict_action_chunk(self, observation):
+            tasks.append(observation['task'])
+            return super().predict_action_chunk(observation)
+
+    result = replay(str(bag), settings, Recording(settings.joint_map), period=0.3)
+    assert result.goals == {name: {'sent': 40, 'accepted': 0, 'rejected': 0, 'succeeded': 40, 'aborted': 0,
+                                   'canceled': 0, 'no_response': 0} for name in ('arm', 'gripper')}
+    np.testing.assert_allclose(result.recorded[-1], [0.2] * 5 + [0.3])     # the gripper goal names no joint
+    assert set(tasks) == {'pick', 'place'} and result.chunks >= 6
+
+
+@pytest.mark.parametrize('case', ['an episode without instruction', 'no instruction at all'])
+def test_a_bag_without_the_instruction_of_an_episode_is_refused_with_one_line(tmp_path, capsys, case):
+    """Once a table of NaN with exit 0."""
+    override = tmp_path / 'goals.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': GOAL_GROUPS}}))
+    settings = settings_from_files([str(DEFAULT_CONFIG), str(override)])
+    bag = tmp_path / 'goals.mcap'
+    goal_bag(bag, settings, ['pick', ''], announce=case.startswith('an episode'))
+    code = main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override)])
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith('vla-policy-replay:')]
+    assert code == 1 and len(lines) == 1 and 'nan' not in captured.out.lower(), captured
+    assert ('episode(s) [2]' if case.startswith('an episode') else 'holds no instruction') in lines[0], lines[0]

@@ -153,6 +153,18 @@ def message_definition(type_name: str) -> str:
     return '\n'.join(parts)
 
 
+def register_definition(typestore: Any, type_name: str, definition: str) -> None:
+    """Teach a ``rosbags`` typestore a type from rosbag2's stored definition (the types it uses included)."""
+    from rosbags.typesys.msg import get_types_from_msg
+    parts = definition.split(f'\n{SEPARATOR}\nMSG: ')
+    types = get_types_from_msg(parts[0], type_name)
+    for part in parts[1:]:
+        used, _, text = part.partition('\n')
+        package, _, leaf = used.partition('/')
+        types.update(get_types_from_msg(text, f'{package}/msg/{leaf}'))
+    typestore.register({key: value for key, value in types.items() if key not in typestore.fielddefs})
+
+
 class BagWriter:
     """Write rclpy messages to an MCAP bag as rosbag2 would (needs rclpy)."""
 
@@ -171,8 +183,9 @@ class BagWriter:
         module = type(msg).__module__.split('.')
         type_name = f'{module[0]}/msg/{type(msg).__name__}'
         if type_name not in self._schemas:
-            self._schemas[type_name] = self._writer.register_schema(
-                type_name, 'ros2msg', message_definition(type_name).encode())
+            definition = message_definition(type_name)
+            self._schemas[type_name] = self._writer.register_schema(type_name, 'ros2msg', definition.encode())
+            register_definition(self._typestore, type_name, definition)
         if topic not in self._channels:
             self._channels[topic] = self._writer.register_channel(
                 topic, 'cdr', self._schemas[type_name])

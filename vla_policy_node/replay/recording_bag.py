@@ -21,10 +21,9 @@ import time
 
 from mcap.writer import CompressionType, Writer
 from rosbags.typesys import get_typestore, Stores
-from rosbags.typesys.msg import get_types_from_msg
 import yaml
 
-from vla_policy_node.replay.bag import message_definition, SEPARATOR
+from vla_policy_node.replay.bag import message_definition, register_definition
 from vla_policy_node.replay.recovery import close_unfinished, Recovered, replace_text
 
 CHUNK_BYTES = 1 << 20
@@ -37,13 +36,7 @@ def type_hashes(type_names: Sequence[str]) -> dict[str, tuple[str, str]]:
     typestore = get_typestore(Stores.ROS2_KILTED)
     definitions = {name: message_definition(name) for name in type_names}
     for name, definition in definitions.items():
-        parts = definition.split(f'\n{SEPARATOR}\nMSG: ')
-        types = get_types_from_msg(parts[0], name)
-        for part in parts[1:]:
-            used, _, text = part.partition('\n')
-            package, _, leaf = used.partition('/')
-            types.update(get_types_from_msg(text, f'{package}/msg/{leaf}'))
-        typestore.register({key: value for key, value in types.items() if key not in typestore.fielddefs})
+        register_definition(typestore, name, definition)
     return {name: (definitions[name], typestore.hash_rihs01(name)) for name in type_names}
 
 
