@@ -45,14 +45,17 @@ class Recovered:
         return sum(self.counts.values())
 
 
-def is_finished(path: Path) -> bool:
-    """Tell whether the MCAP file ends with its magic (a writer closed it)."""
+def summary_start(path: Path) -> int | None:
+    """Return where the file's summary starts, per its footer: 0 if it ended without one, None if it has no end."""
     with open(path, 'rb') as stream:
         size = stream.seek(0, os.SEEK_END)
-        if size < 2 * len(MAGIC):
-            return False
-        stream.seek(size - len(MAGIC))
-        return stream.read(len(MAGIC)) == MAGIC
+        if size < 2 * len(MAGIC) + 29:
+            return None
+        stream.seek(size - 29 - len(MAGIC))
+        footer = stream.read()
+    if footer[-len(MAGIC):] != MAGIC or footer[:9] != struct.pack('<BQ', FOOTER, 20):
+        return None
+    return struct.unpack_from('<Q', footer, 9)[0]
 
 
 class _Scan:
@@ -108,40 +111,52 @@ class _Scan:
 
 def close_unfinished(path: str | os.PathLike) -> Recovered | None:
     """
-    End the MCAP file at ``path`` after its last complete record; None if it was closed already.
+    End the MCAP file at ``path`` after its last complete record; None if nothing needed doing.
 
-    ValueError if it does not start as an MCAP file. The folder's ``metadata.yaml``, if any, gets the counts.
+    A file closed with its summary is left alone. One ended without a summary (the recorder's
+    provisional end, or an earlier recovery) keeps its bytes; the folder's ``metadata.yaml`` is
+    brought to its counts. ValueError if it does not start as an MCAP file.
     """
     path = Path(path)
-    if is_finished(path):
+    start = summary_start(path)
+    if start:
         return None
+    scan, size = _scan(path)
+    ended = start == 0 and size == scan.end + len(END)
+    recovered = Recovered(path, scan.counts, scan.times, 0 if ended else size - scan.end)
+    if not ended:
+        with open(path, 'r+b') as stream:
+            stream.truncate(scan.end)
+            stream.seek(scan.end)
+            stream.write(END)
+            stream.flush()
+            os.fsync(stream.fileno())
+    metadata = path.parent / 'metadata.yaml'
+    if metadata.is_file() and write_counts(metadata, recovered):
+        return recovered
+    return None if ended else recovered
+
+
+def _scan(path: Path) -> tuple[_Scan, int]:
+    """Scan the file's records (ValueError if it is no MCAP file); return the scan and the file's size."""
     if path.stat().st_size < len(MAGIC) + 9:
         raise ValueError(f'{path} does not start as an MCAP file (it is {path.stat().st_size} bytes long)')
     scan = _Scan()
     with open(path, 'rb') as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         with memoryview(mapped) as data:
-            if bytes(data[:len(MAGIC)]) != MAGIC or len(data) < len(MAGIC) + 9 or data[len(MAGIC)] != HEADER:
+            if bytes(data[:len(MAGIC)]) != MAGIC or data[len(MAGIC)] != HEADER:
                 raise ValueError(f'{path} does not start as an MCAP file')
             scan.records(data, len(MAGIC), len(data), top=True)
             size = len(data)
     if scan.end <= len(MAGIC):
         raise ValueError(f'{path} holds no complete MCAP record')
-    recovered = Recovered(path, scan.counts, scan.times, size - scan.end)
-    with open(path, 'r+b') as stream:
-        stream.truncate(scan.end)
-        stream.seek(scan.end)
-        stream.write(END)
-        stream.flush()
-        os.fsync(stream.fileno())
-    metadata = path.parent / 'metadata.yaml'
-    if metadata.is_file():
-        write_counts(metadata, recovered)
-    return recovered
+    return scan, size
 
 
-def write_counts(metadata: Path, recovered: Recovered) -> None:
-    """Rewrite a rosbag2 ``metadata.yaml`` with the counts and times of the messages the file holds."""
-    document = yaml.safe_load(metadata.read_text())
+def write_counts(metadata: Path, recovered: Recovered) -> bool:
+    """Bring a rosbag2 ``metadata.yaml`` to the counts and times of the messages the file holds; True if it changed."""
+    text = metadata.read_text()
+    document = yaml.safe_load(text)
     info = document['rosbag2_bagfile_information']
     start, end = recovered.times or [0, 0]
     for entry in info['topics_with_message_count']:
@@ -152,7 +167,10 @@ def write_counts(metadata: Path, recovered: Recovered) -> None:
     for entry in info.get('files', []):
         entry.update(message_count=recovered.messages, starting_time=dict(info['starting_time']),
                      duration=dict(info['duration']))
+    if yaml.safe_load(text) == document:
+        return False
     replace_text(metadata, yaml.safe_dump(document, sort_keys=False))
+    return True
 
 
 def replace_text(path: Path, text: str) -> None:
