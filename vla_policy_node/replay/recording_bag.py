@@ -86,7 +86,7 @@ class EndedFile:
         self.close()
 
     def fileno(self) -> int:
-        """The file descriptor (for fsync)."""
+        """Return the file descriptor (for fsync)."""
         return self._fd
 
     def close(self) -> None:
