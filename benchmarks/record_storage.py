@@ -4,9 +4,9 @@ Which bag storage loses least when the recorder is killed, and what each sustain
 
 A child process writes the recorder's load (two 640x480 rgb8 frames at 30 Hz, joint states at
 200 Hz: serialized bytes of those sizes) on schedule, printing its count after every write; the
-parent SIGKILLs it after ``--seconds`` and counts what a reader still gets from the file
-(``vla-policy-replay``'s path: an unclosed MCAP file is ended after its last complete chunk).
-Lost = written before the kill - readable. Storages:
+parent SIGKILLs it ``--seconds`` plus a random part of a second later and counts what ``rosbags`` reads from the bag as the kill
+left it, and after ``vla-policy-replay``'s recovery (an MCAP file whose end is broken is cut
+after its last complete chunk and ended). Lost = written before the kill - readable. Storages:
 
 * ``mcap``: this recorder's (``RecordingBag``: chunks closed every 0.2 s, fsync every 1 s);
 * ``mcap-1MiB``: MCAP whose chunks close only at 1 MiB, the summary at close (rosbags' writer before);
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import random
 from pathlib import Path
 import signal
 import sqlite3
@@ -105,35 +106,43 @@ def child(storage: str, folder: Path, seconds: float, paced: bool, cameras: bool
     print(f'closed {time.monotonic() - start:.3f}', flush=True)
 
 
-def readable(storage: str, folder: Path) -> int:
-    """Messages a reader gets from the bag's file, after ending an unclosed MCAP file."""
+def readable(storage: str, folder: Path) -> tuple[int, int]:
+    """Messages a reader gets from the bag as the kill left it, and after ending an unclosed MCAP file."""
     if storage.startswith('sqlite3'):
         (path,) = folder.glob('*.db3')
         try:
             with sqlite3.connect(path) as connection:
-                return connection.execute('SELECT COUNT(*) FROM messages').fetchone()[0]
+                count = connection.execute('SELECT COUNT(*) FROM messages').fetchone()[0]
         except sqlite3.DatabaseError:
-            return 0
+            count = 0
+        return count, count
     from rosbags.highlevel import AnyReader
 
     from vla_policy_node.replay.bag import end_unfinished
+
+    def count() -> int:
+        try:
+            with AnyReader([folder]) as reader:
+                return sum(1 for _ in reader.messages())
+        except Exception:  # noqa: B902 - an unreadable bag keeps nothing
+            return 0
+    as_left = count()
     try:
         end_unfinished(folder)
-        with AnyReader([folder]) as reader:
-            return sum(1 for _ in reader.messages())
-    except Exception:  # noqa: B902 - an unreadable bag keeps nothing
-        return 0
+    except ValueError:
+        return as_left, 0
+    return as_left, count()
 
 
-def killed(storage: str, seconds: float, root: Path, cameras: bool) -> tuple[int, int]:
-    """Write paced, SIGKILL after ``seconds``; return (written before the kill, readable)."""
+def killed(storage: str, seconds: float, root: Path, cameras: bool) -> tuple[int, int, int]:
+    """Write paced, SIGKILL after ``seconds``; return (written before the kill, readable as left, after recovery)."""
     folder = root / 'bag'
     process = subprocess.Popen([sys.executable, '-m', 'benchmarks.record_storage', '--child', storage, str(folder),
                                 str(seconds + 30), 'paced' if cameras else 'joints'], stdout=subprocess.PIPE, text=True)
-    time.sleep(seconds)
+    time.sleep(seconds + random.uniform(0.0, 1.0))        # any moment of the flush and sync periods
     process.send_signal(signal.SIGKILL)
     lines = process.communicate()[0].split()
-    return (int(lines[-1]) if lines else 0), readable(storage, folder)
+    return (int(lines[-1]) if lines else 0), *readable(storage, folder)
 
 
 def throughput(storage: str, seconds: float, root: Path) -> float:
@@ -154,8 +163,8 @@ def main() -> None:
     parser.add_argument('--seconds', type=float, default=3.0)
     parser.add_argument('--kills', type=int, default=3)
     args = parser.parse_args()
-    print(f"{'storage':<17} {'cameras+joints: written':>23} {'lost':>5} {'(ms)':>5}  {'joints only: written':>20} "
-          f"{'lost':>5} {'(ms)':>5} {'MB/s':>6}")
+    print(f"{'storage':<17} {'cameras+joints: written':>23} {'lost as left':>12} {'after recovery':>14} {'(ms)':>5}  "
+          f"{'joints only: written':>20} {'lost as left':>12} {'after recovery':>14} {'(ms)':>5} {'MB/s':>6}")
     for storage in STORAGES:
         row = f'{storage:<17}'
         for cameras, rate, width in ((True, 260, 23), (False, 200, 20)):
@@ -163,9 +172,10 @@ def main() -> None:
             for _ in range(args.kills):
                 with tempfile.TemporaryDirectory(prefix='record_storage_') as root:
                     results.append(killed(storage, args.seconds, Path(root), cameras))
-            written = sum(w for w, _ in results) / len(results)
-            lost = written - sum(r for _, r in results) / len(results)
-            row += f' {written:>{width}.0f} {lost:>5.0f} {1000 * lost / rate:>5.0f} '
+            written = sum(result[0] for result in results) / len(results)
+            as_left = written - sum(result[1] for result in results) / len(results)
+            lost = written - sum(result[2] for result in results) / len(results)
+            row += f' {written:>{width}.0f} {as_left:>12.0f} {lost:>14.0f} {1000 * lost / rate:>5.0f} '
         with tempfile.TemporaryDirectory(prefix='record_storage_') as root:
             print(f'{row}{throughput(storage, args.seconds, Path(root)):>6.0f}', flush=True)
 
