@@ -190,3 +190,39 @@ def test_recovery_is_idempotent_and_refuses_a_file_that_is_not_mcap(tmp_path):
     png.write_bytes(b'\x89PNG\r\n\x1a\n' + bytes(100))
     with pytest.raises(ValueError, match='does not start as an MCAP file'):
         close_unfinished(png)
+
+
+def test_a_full_disk_mid_chunk_leaves_a_bag_ended_after_its_last_chunk(tmp_path, monkeypatch):
+    """ENOSPC part-way through a chunk's write: the written part is cut, counts are what the file holds."""
+    import vla_policy_node.replay.recording_bag as recording_bag
+    folder = tmp_path / 'bag'
+    folder.mkdir()
+    clock = Clock()
+    bag = RecordingBag(folder, TOPICS, clock=clock)
+    real_pwrite, budget = recording_bag.os.pwrite, [bag.path.stat().st_size + 3000]
+
+    def pwrite(fd, data, offset):      # the disk takes `budget` bytes more, then refuses
+        if offset + len(data) > budget[0]:
+            written = real_pwrite(fd, bytes(data[:max(0, budget[0] - offset)]), offset)
+            if written:
+                return written
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(recording_bag.os, 'pwrite', pwrite)
+    failures = []
+    recording = Recording(bag, [name for name, _ in TOPICS], time.monotonic_ns, on_failure=failures.append)
+    for i in range(200):
+        recording.put(i % 2, raw(f'message {i}'))
+        if i % 20 == 19:        # a chunk of 20: let the writer close it before the next
+            deadline = time.monotonic() + 5.0
+            while recording.queued_bytes and time.monotonic() < deadline:
+                time.sleep(0.001)
+            clock.now += FLUSH_PERIOD
+            time.sleep(2 * FLUSH_PERIOD)
+    recording.close()
+    assert len(failures) == 1 and failures[0].errno == errno.ENOSPC
+    kept = texts(folder)
+    assert 0 < len(kept) < 200 and kept == [f'message {i}' for i in range(len(kept))]
+    assert sum(c.written for c in recording.counts) == len(kept)
+    assert sum(c.dropped for c in recording.counts) == 200 - len(kept)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import threading
 from typing import Any
 
+from vla_policy_node.replay.recording_bag import FLUSH_PERIOD
+
 MAX_QUEUE_BYTES = 512 << 20     # about 9 s of two 640x480 rgb8 cameras at 30 Hz
 
 
@@ -89,7 +91,6 @@ class Recording:
         return self._bytes
 
     def _run(self) -> None:
-        from vla_policy_node.replay.recording_bag import FLUSH_PERIOD
         while True:
             with self._condition:
                 if not self._queue and not self._stopping:
@@ -114,9 +115,16 @@ class Recording:
             self.error = error          # from now on put() counts every message as dropped
             self._queue.clear()
             self._bytes = 0
-        self.recovered = self.bag.abandon()
-        self._settle()
+        self._abandon()
         self._on_failure(error)
+
+    def _abandon(self) -> None:
+        """End the bag after its last complete chunk and count what it holds (nothing known if that fails too)."""
+        try:
+            self.recovered = self.bag.abandon()
+        except (OSError, ValueError):
+            self.recovered = None
+        self._settle()
 
     def _settle(self) -> None:
         """Count what the ended file holds as written, and everything else that arrived as dropped."""
@@ -137,5 +145,4 @@ class Recording:
                 self.bag.close()
             except OSError as error:
                 self.error = error
-                self.recovered = self.bag.abandon()
-                self._settle()
+                self._abandon()

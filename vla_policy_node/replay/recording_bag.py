@@ -25,7 +25,7 @@ from rosbags.typesys import get_typestore, Stores
 import yaml
 
 from vla_policy_node.replay.bag import message_definition, register_definition
-from vla_policy_node.replay.recovery import close_unfinished, END, Recovered, replace_text
+from vla_policy_node.replay.recovery import close_unfinished, contents, END, Recovered, replace_text
 
 CHUNK_BYTES = 1 << 20
 FLUSH_PERIOD = 0.2
@@ -150,10 +150,10 @@ class RecordingBag:
         self._stream.finish()
         self._write_metadata()
 
-    def abandon(self) -> Recovered | None:
-        """After a failed write (disk full): end the file after its last complete chunk, as after a crash."""
+    def abandon(self) -> Recovered:
+        """After a failed write (disk full): end the file after its last complete chunk; what it holds."""
         self._stream.close()        # what it could not write is the unfinished chunk the recovery cuts
-        return close_unfinished(self.path)
+        return close_unfinished(self.path) or contents(self.path)
 
     def _write_metadata(self) -> None:
         start, end = self._times or [0, 0]
