@@ -198,7 +198,8 @@ def parse(arguments: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.strip().split('\n\n')[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('bag', type=Path, nargs='?', default=None,
-                        help='the rosbag2 folder to write (must not exist); default: a new unique name here')
+                        help='the rosbag2 folder to write (must not exist); none: a new '
+                        'vla_policy_[<namespace>_]<time> here')
     parser.add_argument('--params-file', action='append', default=[], required=True,
                         help="the node's parameter file(s), later ones win")
     parser.add_argument('-p', '--param', action='append', default=[], metavar='NAME:=VALUE',
