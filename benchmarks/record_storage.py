@@ -5,11 +5,13 @@ Which bag storage loses least when the recorder is killed, and what each sustain
 A child process writes the recorder's load (two 640x480 rgb8 frames at 30 Hz, joint states at
 200 Hz: serialized bytes of those sizes) on schedule, printing its count after every write; the
 parent SIGKILLs it ``--seconds`` plus a random part of a second later and counts what
-``rosbags`` reads from the bag as the kill left it, and after ``vla-policy-replay``'s recovery (an MCAP file whose end is broken is cut
-after its last complete chunk and ended). Lost = written before the kill - readable. Storages:
+``rosbags`` reads from the bag as the kill left it, and after ``vla-policy-replay``'s recovery
+(an MCAP file whose end is broken is cut after its last complete chunk and ended). Lost =
+written before the kill - readable. Storages:
 
-* ``mcap``: this recorder's (``RecordingBag``: chunks closed every 0.2 s, fsync every 1 s);
-* ``mcap-1MiB``: MCAP whose chunks close only at 1 MiB, the summary at close (rosbags' writer before);
+* ``mcap``: this recorder's (``RecordingBag``: chunks closed every 0.2 s, each write ending the file,
+  fsync every 1 s);
+* ``mcap-1MiB``: the same with chunks closed only at 1 MiB (as rosbags' writer, the recorder's before);
 * ``sqlite3``: rosbag2's sqlite3 schema, WAL journal, a commit every 0.2 s (rosbag2's "resilient"
   preset); ``sqlite3-at-close``: one transaction, committed at close (rosbags' sqlite3 writer).
 
