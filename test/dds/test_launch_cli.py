@@ -305,3 +305,20 @@ def test_a_recorder_that_cannot_start_fails_the_launch(env):
         output = launched.stop()
     assert launched.process.returncode != 0, output
     assert 'vla-policy-record: cannot record' in output and 'exited with code 1' in output, output
+
+
+def test_two_recording_launches_in_the_same_second_in_one_folder_both_record(env, tmp_path):
+    """Two robots (namespaces) launched together with record:=true: a bag each, named apart."""
+    from vla_policy_node.sim import PLANAR_CHECKPOINT
+    launches = [Launched(env, *LAUNCH, 'config_file:=planar.yaml', f'checkpoint:={PLANAR_CHECKPOINT}', 'record:=true',
+                         f'namespace:={namespace}', cwd=tmp_path) for namespace in ('arm1', 'arm2')]
+    try:
+        for launched in launches:
+            launched.wait_for('recording [')
+    finally:
+        outputs = [launched.stop() for launched in launches]
+    assert [launched.process.returncode for launched in launches] == [0, 0], outputs
+    bags = sorted(path.name for path in tmp_path.glob('vla_policy_*'))
+    assert [name.split('_')[2] for name in bags] == ['arm1', 'arm2'], bags
+    for bag in bags:
+        assert (tmp_path / bag / 'metadata.yaml').is_file() and list((tmp_path / bag).glob('*.mcap')), outputs
