@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+import hypothesis
+from hypothesis import given, strategies as st
 import numpy as np
 from PIL import Image as PILImage
 import pytest
@@ -327,3 +329,25 @@ def test_a_bag_without_the_instruction_of_an_episode_is_refused_with_one_line(tm
     lines = [line for line in captured.err.splitlines() if line.startswith('vla-policy-replay:')]
     assert code == 1 and len(lines) == 1 and 'nan' not in captured.out.lower(), captured
     assert ('episode(s) [2]' if case.startswith('an episode') else 'holds no instruction') in lines[0], lines[0]
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 255), st.sampled_from(['arm', 'gripper', 'default', '', 'x' * 300]),
+                                 st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=7),
+                                 st.lists(st.text(max_size=12), max_size=7)), max_size=30))
+def test_hostile_command_goals_never_break_the_replay_bookkeeping(events):
+    """Unknown events and groups are ignored; a SENT goal moves only its group's joints, whatever its shape."""
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+    from vla_policy_interfaces.msg import CommandGoal
+
+    from vla_policy_node.replay.cli import _Recorder
+    settings = settings_from_files([str(DEFAULT_CONFIG)], [f'{k}:={json.dumps(v)}' for k, v in {
+        'commands.groups': GOAL_GROUPS['commands']['groups'], 'allow_random_weights': True,
+        **{f'commands.{g}.{f}': v for g in ('arm', 'gripper') for f, v in GOAL_GROUPS['commands'][g].items()}}.items()])
+    inputs = _Recorder(settings)
+    for event, group, positions, names in events:
+        trajectory = JointTrajectory(joint_names=names, points=[JointTrajectoryPoint(positions=positions)])
+        inputs.on_goal(CommandGoal(event=event, group=group, trajectory=trajectory), 0.0)
+    counted = sum(sum(counts.values()) for counts in inputs.goals.values())
+    assert counted == sum(1 for event, group, *_ in events if event < 7 and group in ('arm', 'gripper'))
+    assert all(len(row) == 6 for row in inputs.commands)
