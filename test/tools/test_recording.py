@@ -226,3 +226,18 @@ def test_a_full_disk_mid_chunk_leaves_a_bag_ended_after_its_last_chunk(tmp_path,
     assert 0 < len(kept) < 200 and kept == [f'message {i}' for i in range(len(kept))]
     assert sum(c.written for c in recording.counts) == len(kept)
     assert sum(c.dropped for c in recording.counts) == 200 - len(kept)
+
+
+def test_a_killed_bag_on_a_read_only_folder_is_read_as_it_is(tmp_path, monkeypatch):
+    """metadata.yaml cannot be corrected there: the file, ended by its last chunk write, still reads."""
+    import vla_policy_node.replay.recovery as recovery
+    bag, snapshot = written_bag(tmp_path / 'bag', 40, snapshot_at=30)
+    bag.path.write_bytes(snapshot)
+
+    def read_only(path, text):
+        raise PermissionError(13, 'Read-only file system')
+
+    monkeypatch.setattr(recovery, 'replace_text', read_only)
+    assert close_unfinished(bag.path) is None
+    kept = texts(tmp_path / 'bag')
+    assert kept == [f'message {i}' for i in range(len(kept))] and len(kept) >= 27

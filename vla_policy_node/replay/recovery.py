@@ -132,9 +132,11 @@ def close_unfinished(path: str | os.PathLike) -> Recovered | None:
             stream.flush()
             os.fsync(stream.fileno())
     metadata = path.parent / 'metadata.yaml'
-    if metadata.is_file() and write_counts(metadata, recovered):
-        return recovered
-    return None if ended else recovered
+    try:
+        updated = metadata.is_file() and write_counts(metadata, recovered)
+    except OSError:         # a read-only bag: its file reads as it is, the counts stay stale
+        updated = False
+    return recovered if updated or not ended else None
 
 
 def contents(path: str | os.PathLike) -> Recovered:
