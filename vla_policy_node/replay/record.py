@@ -165,7 +165,8 @@ class Recorder(Node):
             level=DiagnosticStatus.WARN if dropped or self.recording.error else DiagnosticStatus.OK,
             name=f'{NODE_NAME}: {self.folder}', hardware_id=str(self.folder),
             message=f'{dropped} messages dropped' if dropped else 'recording')
-        status.values = [KeyValue(key='queued_bytes', value=str(self.recording.queued_bytes))] + [
+        status.values = [KeyValue(key='queued_bytes', value=str(self.recording.queued_bytes)),
+                         KeyValue(key='queue_peak_bytes', value=str(self.recording.peak_bytes))] + [
             KeyValue(key=f'{topic} {field}', value=str(getattr(c, field)))
             for topic, c in zip(self.recording.topics, counts) for field in ('received', 'written', 'dropped', 'lost')]
         self._diagnostics.publish(DiagnosticArray(header=Header(stamp=self.get_clock().now().to_msg()),
