@@ -15,7 +15,8 @@ the node read ``/arm/joint_states`` with the files' values. For example
 ``ros2 launch vla_policy_node vla_policy.launch.py params_files:=so101.yaml,my_robot.yaml
 checkpoint:=lerobot/smolvla_base device:=cuda namespace:=arm``. With ``lifecycle:=true
 autostart:=true`` the launch configures the managed node, then activates it once configured;
-``record:=true`` records the node's topics with ``vla-policy-record`` (``vla-policy-replay`` reads the bag).
+``record:=true`` records the node's topics with ``vla-policy-record`` (``vla-policy-replay`` reads the bag);
+the launch fails when the recorder does.
 
 Included from another launch file, give it its own scope so that the parent's launch
 configurations do not count as arguments of this file: ``GroupAction([IncludeLaunchDescription(
@@ -23,7 +24,6 @@ configurations do not count as arguments of this file: ``GroupAction([IncludeLau
 """
 
 import os
-import time
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchContext, LaunchDescription
@@ -118,15 +118,21 @@ def _node(context: LaunchContext, declared: tuple[str, ...]) -> list:
     record = _parse('record', configurations['record'], bool)
     return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_on_node_exit)),
             files.remove_at_shutdown()] + (_autostart(node) if autostart else []) + (
-        [_recorder(namespace, parameter_files)] if record else [])
+        _recorder(namespace, parameter_files) if record else [])
 
 
-def _recorder(namespace: str, parameter_files: list[str]) -> Node:
-    """Return vla-policy-record for the node's topics, writing vla_policy_<time> in the working folder."""
-    bag = time.strftime('vla_policy_%Y%m%d_%H%M%S')
-    return Node(package=PACKAGE, executable='vla-policy-record', name='vla_policy_recorder', namespace=namespace,
-                output='screen',
-                arguments=[bag] + [part for path in parameter_files for part in ('--params-file', path)])
+def _recorder(namespace: str, parameter_files: list[str]) -> list:
+    """
+    Return vla-policy-record for the node's topics, and the launch's end when it exits.
+
+    It writes ``vla_policy_[<namespace>_]<time to the microsecond>`` in the working folder, a name no other
+    recorder takes. A recorder that fails (at start, or a full disk) ends the launch, failed: the robot
+    must not run unrecorded when a recording was asked for.
+    """
+    recorder = Node(package=PACKAGE, executable='vla-policy-record', name='vla_policy_recorder',
+                    namespace=namespace, output='screen',
+                    arguments=[part for path in parameter_files for part in ('--params-file', path)])
+    return [recorder, RegisterEventHandler(OnProcessExit(target_action=recorder, on_exit=_on_node_exit))]
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -152,7 +158,8 @@ def generate_launch_description() -> LaunchDescription:
                               description='Severity the node logs from.'),
         DeclareLaunchArgument('record', default_value='false', choices=['true', 'false'],
                               description='true: vla-policy-record writes the node\'s inputs, commands and '
-                              '/diagnostics to a rosbag2 bag vla_policy_<time> in the working folder.'),
+                              '/diagnostics to a rosbag2 bag vla_policy_[<namespace>_]<time> in the working folder; '
+                              'the launch fails if the recorder does.'),
     ] + [DeclareLaunchArgument(name, default_value='', description=description)
          for name, (description, _) in OVERRIDES.items()]
     declared = tuple(argument.name for argument in arguments)

@@ -301,7 +301,9 @@ def test_record_true_writes_a_bag_that_vla_policy_replay_replays(env, tmp_path):
     assert topic_types(bag) == {
         '/camera/top/image_raw': 'sensor_msgs/msg/Image', '/joint_states': 'sensor_msgs/msg/JointState',
         '/instruction': 'std_msgs/msg/String', '/diagnostics': 'diagnostic_msgs/msg/DiagnosticArray',
-        '/joint_trajectory_controller/joint_trajectory': 'trajectory_msgs/msg/JointTrajectory'}
+        '/joint_trajectory_controller/joint_trajectory': 'trajectory_msgs/msg/JointTrajectory',
+        '/vla_policy_node/episode': 'vla_policy_interfaces/msg/Episode',
+        '/vla_policy_node/command_goals': 'vla_policy_interfaces/msg/CommandGoal'}
     summary = tmp_path / 'replay.json'
     code = replay_main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(demo),
                         '-p', f'checkpoint:={PLANAR_CHECKPOINT}', '--json', str(summary)])
@@ -309,3 +311,33 @@ def test_record_true_writes_a_bag_that_vla_policy_replay_replays(env, tmp_path):
     result = json.loads(summary.read_text())
     assert result['chunks'] > 0 and result['recorded_commands'] > 0, result
     assert all(joint['points'] > 0 and math.isfinite(joint['mae']) for joint in result['joints'].values()), result
+
+
+def test_a_recorder_that_cannot_start_fails_the_launch(env):
+    """record:=true in a folder where no bag can be made: the launch ends, failed, instead of running unrecorded."""
+    from vla_policy_node.sim import PLANAR_CHECKPOINT
+    launched = Launched(env, *LAUNCH, 'config_file:=planar.yaml', f'checkpoint:={PLANAR_CHECKPOINT}', 'record:=true',
+                        cwd=Path('/proc'))
+    try:
+        launched.process.wait(timeout=120)
+    finally:
+        output = launched.stop()
+    assert launched.process.returncode != 0, output
+    assert 'vla-policy-record: cannot record' in output and 'exited with code 1' in output, output
+
+
+def test_two_recording_launches_in_the_same_second_in_one_folder_both_record(env, tmp_path):
+    """Two robots (namespaces) launched together with record:=true: a bag each, named apart."""
+    from vla_policy_node.sim import PLANAR_CHECKPOINT
+    launches = [Launched(env, *LAUNCH, 'config_file:=planar.yaml', f'checkpoint:={PLANAR_CHECKPOINT}', 'record:=true',
+                         f'namespace:={namespace}', cwd=tmp_path) for namespace in ('arm1', 'arm2')]
+    try:
+        for launched in launches:
+            launched.wait_for('recording [')
+    finally:
+        outputs = [launched.stop() for launched in launches]
+    assert [launched.process.returncode for launched in launches] == [0, 0], outputs
+    bags = sorted(path.name for path in tmp_path.glob('vla_policy_*'))
+    assert [name.split('_')[2] for name in bags] == ['arm1', 'arm2'], bags
+    for bag in bags:
+        assert (tmp_path / bag / 'metadata.yaml').is_file() and list((tmp_path / bag).glob('*.mcap')), outputs

@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+import hypothesis
+from hypothesis import given, strategies as st
 import numpy as np
 from PIL import Image as PILImage
 import pytest
@@ -174,7 +176,44 @@ def wrong_type_bag(settings, path, wrong_topic: str, msg) -> None:
             writer.write(topic, message, 10**9 + i)
 
 
-@pytest.mark.parametrize('case', ['truncated at 50 %', 'truncated at 95 %', 'corrupted zstd chunk',
+def rechunked(source: Path, path: Path, chunk_size: int) -> Path:
+    """Copy an MCAP file with chunks of about ``chunk_size`` bytes."""
+    from mcap.reader import make_reader
+    from mcap.writer import Writer
+    with open(source, 'rb') as stream, open(path, 'wb') as out:
+        reader, writer = make_reader(stream), Writer(out, chunk_size=chunk_size)
+        writer.start(profile='ros2', library='test')
+        schemas, channels = {}, {}
+        for schema, channel, message in reader.iter_messages(log_time_order=False):
+            if schema.id not in schemas:
+                schemas[schema.id] = writer.register_schema(schema.name, schema.encoding, schema.data)
+            if channel.id not in channels:
+                channels[channel.id] = writer.register_channel(channel.topic, channel.message_encoding,
+                                                               schemas[schema.id], channel.metadata)
+            writer.add_message(channels[channel.id], message.log_time, message.data, message.publish_time)
+        writer.finish()
+    return path
+
+
+@pytest.mark.parametrize('percent', [50, 95])
+def test_a_truncated_bag_is_ended_after_its_last_chunk_and_replays(fit_config, tmp_path, capsys, percent):
+    """A file cut short (its recorder killed) keeps its complete chunks: replay ends it and reads them."""
+    from vla_policy_node.replay.bag import end_unfinished
+    _, override, bag = fit_config
+    bag = rechunked(bag, tmp_path / 'small_chunks.mcap', 8192)       # the recorder closes chunks often
+    data, broken = bag.read_bytes(), tmp_path / 'killed.mcap'
+    broken.write_bytes(data[:len(data) * percent // 100])
+    whole = sum(1 for _ in read_messages(bag))
+    code = main([str(broken), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override)])
+    captured = capsys.readouterr()
+    assert code == 0 and 'was never closed' in captured.err, captured.err
+    kept = sum(1 for _ in read_messages(broken))
+    assert whole * (percent - 25) / 100 < kept < whole, (kept, whole)
+    assert end_unfinished(broken) == []                         # ended once: the next read changes nothing
+    assert 'MAE' in captured.out
+
+
+@pytest.mark.parametrize('case', ['corrupted zstd chunk',
                                   'garbage after the magic', 'empty file', 'a PNG renamed .mcap',
                                   '/joint_states carrying std_msgs/String', 'a camera topic carrying JointState'])
 def test_a_broken_bag_ends_in_one_line_and_exit_1(fit_config, tmp_path, capsys, case):
@@ -184,9 +223,7 @@ def test_a_broken_bag_ends_in_one_line_and_exit_1(fit_config, tmp_path, capsys, 
     settings, override, bag = fit_config
     data, broken = bag.read_bytes(), tmp_path / 'broken.mcap'
     middle = len(data) // 2
-    if case.startswith('truncated'):
-        broken.write_bytes(data[:len(data) * int(case.split()[2]) // 100])
-    elif case == 'corrupted zstd chunk':
+    if case == 'corrupted zstd chunk':
         broken.write_bytes(data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 256]) + data[middle + 256:])
     elif case == 'garbage after the magic':
         broken.write_bytes(data[:8] + np.random.default_rng(0).bytes(4096))
@@ -213,3 +250,104 @@ def test_topics_resolve_in_the_namespace_the_bag_was_recorded_in():
     from vla_policy_node.replay.cli import absolute
     assert absolute('camera/x') == '/camera/x' and absolute('~/x') == '/x'
     assert absolute('camera/x', '/arm') == '/arm/camera/x' and absolute('/joint_states', 'arm') == '/joint_states'
+
+
+GOAL_GROUPS = {'commands': {
+    'groups': ['arm', 'gripper'],
+    'arm': {'interface': 'follow_joint_trajectory', 'topic': 'arm_controller/follow_joint_trajectory',
+            'joints': ['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll']},
+    'gripper': {'interface': 'gripper_command', 'topic': 'gripper_controller/gripper_cmd', 'joints': ['gripper']}},
+    'allow_random_weights': True, 'num_threads': 1}
+
+
+def goal_bag(path: Path, settings, episodes: list[str], announce: bool = True) -> None:
+    """
+    Two seconds per episode at 10 Hz: frames, joints, and every command as a CommandGoal SENT then SUCCEEDED.
+
+    ``announce``: the node's Episode events start and end each (else the bag has no instruction at all).
+    """
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+    from vla_policy_interfaces.msg import CommandGoal, Episode
+
+    from vla_policy_node.replay.bag import BagWriter
+    from vla_policy_node.ros.conversions import rgb_to_image
+
+    image, t = rgb_to_image(np.zeros((48, 64, 3), np.uint8)), 10**9
+    with BagWriter(path) as writer:
+        writer.write('/instruction', String(data=''), t)
+        for number, instruction in enumerate(episodes, 1):
+            if announce:
+                writer.write('/vla_policy_node/episode', Episode(event=0, episode=number, instruction=instruction), t)
+            for step in range(20):
+                t += 10**8
+                for topic in settings.camera_topics:
+                    writer.write('/' + topic, image, t)
+                writer.write('/joint_states', JointState(name=list(settings.joint_names), position=[0.1] * 6), t)
+                arm = JointTrajectory(joint_names=list(settings.joint_names[:5]),
+                                      points=[JointTrajectoryPoint(positions=[0.2] * 5)])
+                gripper = JointTrajectory(points=[JointTrajectoryPoint(positions=[0.3], effort=[5.0])])
+                for group, trajectory in (('arm', arm), ('gripper', gripper)):
+                    for event in (CommandGoal.SENT, CommandGoal.SUCCEEDED):
+                        writer.write('/vla_policy_node/command_goals',
+                                     CommandGoal(event=event, group=group, goal=step, trajectory=trajectory), t)
+            if announce:
+                writer.write('/vla_policy_node/episode', Episode(event=1, episode=number, instruction=instruction), t)
+
+
+def test_action_groups_replay_from_their_goals_and_episodes_from_the_node(tmp_path):
+    settings = settings_from_files([str(DEFAULT_CONFIG)], [f'{k}:={json.dumps(v)}' for k, v in {
+        'commands.groups': GOAL_GROUPS['commands']['groups'], 'allow_random_weights': True,
+        **{f'commands.{g}.{f}': v for g in ('arm', 'gripper') for f, v in GOAL_GROUPS['commands'][g].items()}}.items()])
+    bag = tmp_path / 'goals.mcap'
+    goal_bag(bag, settings, ['pick', 'place'])
+    tasks = []
+
+    class Recording(RecordedCommandPolicy):
+        def predict_action_chunk(self, observation):
+            tasks.append(observation['task'])
+            return super().predict_action_chunk(observation)
+
+    result = replay(str(bag), settings, Recording(settings.joint_map), period=0.3)
+    assert result.goals == {name: {'sent': 40, 'accepted': 0, 'rejected': 0, 'succeeded': 40, 'aborted': 0,
+                                   'canceled': 0, 'no_response': 0} for name in ('arm', 'gripper')}
+    np.testing.assert_allclose(result.recorded[-1], [0.2] * 5 + [0.3])     # the gripper goal names no joint
+    assert set(tasks) == {'pick', 'place'} and result.chunks >= 6
+
+
+@pytest.mark.parametrize('case', ['an episode without instruction', 'no instruction at all'])
+def test_a_bag_without_the_instruction_of_an_episode_is_refused_with_one_line(tmp_path, capsys, case):
+    """Once a table of NaN with exit 0."""
+    override = tmp_path / 'goals.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': GOAL_GROUPS}}))
+    settings = settings_from_files([str(DEFAULT_CONFIG), str(override)])
+    bag = tmp_path / 'goals.mcap'
+    goal_bag(bag, settings, ['pick', ''], announce=case.startswith('an episode'))
+    code = main([str(bag), '--params-file', str(DEFAULT_CONFIG), '--params-file', str(override)])
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith('vla-policy-replay:')]
+    assert code == 1 and len(lines) == 1 and 'nan' not in captured.out.lower(), captured
+    assert ('episode(s) [2]' if case.startswith('an episode') else 'holds no instruction') in lines[0], lines[0]
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 255), st.sampled_from(['arm', 'gripper', 'default', '', 'x' * 300]),
+                                 st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=7),
+                                 st.lists(st.text(max_size=12), max_size=7)), max_size=30))
+def test_hostile_command_goals_never_break_the_replay_bookkeeping(events):
+    """Unknown events and groups are ignored; a SENT goal moves only its group's joints, whatever its shape."""
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+    from vla_policy_interfaces.msg import CommandGoal
+
+    from vla_policy_node.replay.cli import _Recorder
+    settings = settings_from_files([str(DEFAULT_CONFIG)], [f'{k}:={json.dumps(v)}' for k, v in {
+        'commands.groups': GOAL_GROUPS['commands']['groups'], 'allow_random_weights': True,
+        **{f'commands.{g}.{f}': v for g in ('arm', 'gripper') for f, v in GOAL_GROUPS['commands'][g].items()}}.items()])
+    inputs = _Recorder(settings)
+    for event, group, positions, names in events:
+        trajectory = JointTrajectory(joint_names=names, points=[JointTrajectoryPoint(positions=positions)])
+        inputs.on_goal(CommandGoal(event=event, group=group, trajectory=trajectory), 0.0)
+    counted = sum(sum(counts.values()) for counts in inputs.goals.values())
+    assert counted == sum(1 for event, group, *_ in events if event < 7 and group in ('arm', 'gripper'))
+    assert all(len(row) == 6 for row in inputs.commands)

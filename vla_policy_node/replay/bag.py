@@ -24,6 +24,8 @@ from typing import Any
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import get_typestore, Stores
 
+from vla_policy_node.replay.recovery import close_unfinished, Recovered
+
 PRIMITIVES = {'bool', 'byte', 'char', 'float32', 'float64', 'int8', 'uint8', 'int16', 'uint16',
               'int32', 'uint32', 'int64', 'uint64', 'string', 'wstring'}
 SEPARATOR = '=' * 80
@@ -41,6 +43,26 @@ def bag_paths(path: str | os.PathLike) -> list[Path]:
         raise FileNotFoundError(f'{path} is neither a bag file ({", ".join(STORAGE_SUFFIXES)}) nor a folder '
                                 'holding one')
     return files
+
+
+def end_unfinished(path: str | os.PathLike) -> list[Recovered]:
+    """
+    End every MCAP file of the bag that its writer never closed (``recovery``); what each still holds.
+
+    ValueError (BagError) if such a file holds nothing readable.
+    """
+    files = [p for p in bag_paths(path) for p in ([p] if p.is_file() else sorted(p.glob('*.mcap')))]
+    recovered = []
+    for file in files:
+        if file.suffix != '.mcap' or not file.stat().st_size:
+            continue
+        try:
+            ended = close_unfinished(file)
+        except ValueError as error:
+            raise _unreadable(file, error) from error
+        if ended is not None:
+            recovered.append(ended)
+    return recovered
 
 
 class BagError(ValueError):
@@ -131,6 +153,18 @@ def message_definition(type_name: str) -> str:
     return '\n'.join(parts)
 
 
+def register_definition(typestore: Any, type_name: str, definition: str) -> None:
+    """Teach a ``rosbags`` typestore a type from rosbag2's stored definition (the types it uses included)."""
+    from rosbags.typesys.msg import get_types_from_msg
+    parts = definition.split(f'\n{SEPARATOR}\nMSG: ')
+    types = get_types_from_msg(parts[0], type_name)
+    for part in parts[1:]:
+        used, _, text = part.partition('\n')
+        package, _, leaf = used.partition('/')
+        types.update(get_types_from_msg(text, f'{package}/msg/{leaf}'))
+    typestore.register({key: value for key, value in types.items() if key not in typestore.fielddefs})
+
+
 class BagWriter:
     """Write rclpy messages to an MCAP bag as rosbag2 would (needs rclpy)."""
 
@@ -149,8 +183,9 @@ class BagWriter:
         module = type(msg).__module__.split('.')
         type_name = f'{module[0]}/msg/{type(msg).__name__}'
         if type_name not in self._schemas:
-            self._schemas[type_name] = self._writer.register_schema(
-                type_name, 'ros2msg', message_definition(type_name).encode())
+            definition = message_definition(type_name)
+            self._schemas[type_name] = self._writer.register_schema(type_name, 'ros2msg', definition.encode())
+            register_definition(self._typestore, type_name, definition)
         if topic not in self._channels:
             self._channels[topic] = self._writer.register_channel(
                 topic, 'cdr', self._schemas[type_name])

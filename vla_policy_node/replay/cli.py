@@ -36,13 +36,15 @@ from typing import Any
 import numpy as np
 import yaml
 
-from vla_policy_node.replay.bag import read_messages, topic_types
+from vla_policy_node.replay.bag import end_unfinished, read_messages, topic_types
+from vla_policy_node.ros.command_groups import ACTION_INTERFACES
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
 from vla_policy_node.ros.conversions import image_to_rgb
 from vla_policy_node.ros.params import (NodeSettings, PARAMETERS, ParameterError, read_params_file,
                                         settings_from_values)
 
 NODE = '/vla_policy_node'     # the node whose sections of the parameter files apply (no namespace)
+NODE_NAME = 'vla_policy_node'    # its ~/episode and ~/command_goals, in the namespace
 
 
 def absolute(topic: str, namespace: str = '') -> str:
@@ -60,13 +62,34 @@ def settings_from_files(params_files: Sequence[str], overrides: Sequence[str] = 
     values = {spec.name: spec.default for spec in PARAMETERS
               if not spec.required and not spec.optional}
     for path in params_files:
-        values.update(read_params_file(path, NODE))
+        values.update(_typed(read_params_file(path, NODE)))
     for assignment in overrides:
         name, sep, text = assignment.partition(':=')
         if not sep:
             raise ParameterError(f"-p {assignment!r}: write name:=value")
-        values[name] = yaml.safe_load(text)
+        try:
+            values.update(_typed({name: yaml.safe_load(text)}))
+        except yaml.YAMLError as error:
+            raise ParameterError(f'-p {assignment!r}: not a YAML value ({error})'.splitlines()[0]) from None
     return settings_from_values(values)
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    """Refuse a declared parameter's value of another type, as rcl would at the node's start (ParameterError)."""
+    from rclpy.parameter import Parameter
+    specs = {spec.name: spec for spec in PARAMETERS}
+    for name, value in values.items():
+        if name not in specs or value == []:
+            continue
+        expected = specs[name].type
+        try:
+            kind = Parameter.Type.from_parameter_value(value)
+        except TypeError:
+            kind = None
+        if kind != expected and (kind, expected) not in ((Parameter.Type.INTEGER, Parameter.Type.DOUBLE),
+                                                         (Parameter.Type.INTEGER_ARRAY, Parameter.Type.DOUBLE_ARRAY)):
+            raise ParameterError(f"parameter '{name}' {specs[name].requirement()}, not {value!r}")
+    return values
 
 
 @dataclass
@@ -81,6 +104,7 @@ class Replay:
     errors: np.ndarray                          # (N, J) predicted - recorded in force, NaN: none
     chunks: int
     inference_seconds: list[float] = field(default_factory=list)
+    goals: dict[str, dict[str, int]] = field(default_factory=dict)     # action group -> CommandGoal events
 
     def summary(self) -> dict[str, Any]:
         """Per joint: mean absolute, RMS and largest error, and the number of compared points."""
@@ -94,12 +118,15 @@ class Replay:
                 'points': int(error.size)}
         latency = np.array(self.inference_seconds) * 1e3
         return {'joints': joints, 'chunks': self.chunks, 'predicted_points': int(len(self.predicted)),
-                'recorded_commands': int(len(self.recorded)),
+                'recorded_commands': int(len(self.recorded)), 'goals': self.goals,
                 'inference_ms_p50': float(np.median(latency)) if latency.size else math.nan}
 
 
+GOAL_EVENTS = ('sent', 'accepted', 'rejected', 'succeeded', 'aborted', 'canceled', 'no_response')   # CommandGoal
+
+
 class _Recorder:
-    """The newest inputs as the node keeps them, and the commands recorded so far."""
+    """The newest inputs as the node keeps them, the commands recorded so far, the episodes and goals."""
 
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -110,6 +137,10 @@ class _Recorder:
         self.command = np.full(len(settings.joint_names), np.nan)
         self.command_times: list[float] = []
         self.commands: list[np.ndarray] = []
+        self.episodes: list[tuple[int, str | None]] = []        # (number, instruction) of each STARTED
+        self.instructions = 0                                    # instructions seen (topic or episode)
+        self.goals = {group.name: dict.fromkeys(GOAL_EVENTS, 0) for group in settings.command_groups
+                      if group.interface in ACTION_INTERFACES}
 
     def ready(self) -> bool:
         return (self.instruction is not None and len(self.frames) == len(self.settings.camera_names)
@@ -127,11 +158,36 @@ class _Recorder:
             if name in self.joints:
                 self.positions[self.joints[name]] = value
 
+    def on_instruction(self, text: str) -> None:
+        self.instruction = text.strip() or None
+        if self.instruction is not None:
+            self.instructions += 1
+            if self.episodes and self.episodes[-1][1] is None:
+                self.episodes[-1] = (self.episodes[-1][0], self.instruction)
+
+    def on_episode(self, msg: Any) -> None:
+        """Take an Episode: STARTED, its instruction applies; ENDED, the robot holds (nothing to compare)."""
+        if msg.event == 0:
+            self.episodes.append((msg.episode, None))
+            self.on_instruction(msg.instruction)
+        else:
+            self.instruction = None
+
+    def on_goal(self, msg: Any, t: float) -> None:
+        """Count a CommandGoal event; a SENT goal's trajectory is its group's command."""
+        group = next((g for g in self.settings.command_groups if g.name == msg.group), None)
+        if group is None or group.name not in self.goals or msg.event >= len(GOAL_EVENTS):
+            return
+        self.goals[group.name][GOAL_EVENTS[msg.event]] += 1
+        if msg.event == 0:
+            self.on_command(group, msg.trajectory, t)
+
     def on_command(self, group: Any, msg: Any, t: float) -> None:
         if isinstance(getattr(msg, 'points', None), list):
             if not msg.points:
                 return
-            values = dict(zip(msg.joint_names, msg.points[0].positions))
+            names = list(msg.joint_names) or list(group.joints)      # a gripper_command goal names no joint
+            values = dict(zip(names, msg.points[0].positions))
             row = [values.get(joint, math.nan) for joint in group.joints]
         else:
             row = list(msg.data)
@@ -141,41 +197,100 @@ class _Recorder:
         self.command_times.append(t)
         self.commands.append(self.command.copy())
 
+    def check(self, names: dict[str, str]) -> None:
+        """Refuse (ValueError) a bag whose episodes, or which, have no instruction: the policy would have no task."""
+        missing = [number for number, instruction in self.episodes if instruction is None]
+        if missing:
+            raise ValueError(f'episode(s) {missing} of {names["episode"]} have no instruction (none in the episode '
+                             f'and none on {names["instruction"]}): the policy would have no task')
+        if not self.instructions:
+            raise ValueError(f'the bag holds no instruction (none on {names["instruction"]} or {names["episode"]}): '
+                             'the policy would have no task')
 
-def check_bag(bag: str, settings: NodeSettings, namespace: str = '') -> None:
+
+@dataclass(frozen=True)
+class _Topics:
+    """The bag's topic names of what the node reads and commands, resolved in its namespace."""
+
+    cameras: dict[str, tuple[str, str]]     # topic -> (camera name, transport)
+    groups: dict[str, Any]                  # topic -> topic command group
+    joints: str
+    instruction: str
+    episode: str
+    goals: str
+    actions: bool                           # some group commands through an action (CommandGoal)
+
+    @staticmethod
+    def of(settings: NodeSettings, namespace: str = '', node: str = NODE_NAME) -> _Topics:
+        """Resolve the node's topics (its ~/episode and ~/command_goals under ``node``)."""
+        return _Topics(
+            cameras={absolute(camera_topic(topic, transport), namespace): (name, transport) for topic, name, transport
+                     in zip(settings.camera_topics, settings.camera_names, settings.camera_transports)},
+            groups={absolute(group.topic, namespace): group for group in settings.command_groups
+                    if group.interface not in ACTION_INTERFACES},
+            joints=absolute(settings.joint_states_topic, namespace),
+            instruction=absolute(settings.instruction_topic, namespace),
+            episode=absolute(f'{node}/episode', namespace), goals=absolute(f'{node}/command_goals', namespace),
+            actions=any(group.interface in ACTION_INTERFACES for group in settings.command_groups))
+
+    def all(self) -> set[str]:
+        """Every topic replay reads."""
+        return {*self.cameras, *self.groups, self.joints, self.instruction, self.episode, self.goals}
+
+    def expected(self) -> dict[str, str]:
+        """Topic -> the type the node uses, for every topic replay reads."""
+        return {self.joints: 'sensor_msgs/msg/JointState', self.instruction: 'std_msgs/msg/String',
+                self.episode: 'vla_policy_interfaces/msg/Episode', self.goals: 'vla_policy_interfaces/msg/CommandGoal',
+                **{topic: 'sensor_msgs/msg/CompressedImage' if transport == 'compressed' else 'sensor_msgs/msg/Image'
+                   for topic, (_, transport) in self.cameras.items()},
+                **{topic: 'trajectory_msgs/msg/JointTrajectory' if group.interface == 'joint_trajectory'
+                   else 'std_msgs/msg/Float64MultiArray' for topic, group in self.groups.items()}}
+
+    def dispatch(self, inputs: _Recorder, topic: str, msg: Any, t: float) -> None:
+        """Hand one recorded message to the inputs as the node would take it."""
+        if topic in self.cameras:
+            name, transport = self.cameras[topic]
+            inputs.frames[name] = (transport, msg)
+        elif topic == self.joints:
+            inputs.on_joint_state(msg)
+        elif topic == self.instruction:
+            inputs.on_instruction(msg.data)
+        elif topic == self.episode:
+            inputs.on_episode(msg)
+        elif topic == self.goals:
+            inputs.on_goal(msg, t)
+        elif topic in self.groups:
+            inputs.on_command(self.groups[topic], msg, t)
+
+
+def check_bag(bag: str, settings: NodeSettings, namespace: str = '', node: str = NODE_NAME) -> None:
     """Raise ValueError (BagError for an unreadable file) unless ``bag`` holds every topic the node reads, typed."""
-    cameras = {absolute(camera_topic(topic, transport), namespace): transport
-               for topic, transport in zip(settings.camera_topics, settings.camera_transports)}
-    groups = {absolute(group.topic, namespace): group for group in settings.command_groups}
-    joint_topic = absolute(settings.joint_states_topic, namespace)
-    instruction_topic = absolute(settings.instruction_topic, namespace)
+    topics = _Topics.of(settings, namespace, node)
     present = topic_types(bag)
-    missing = [t for t in [*cameras, joint_topic, instruction_topic, *groups] if t not in present]
+    needed = [*topics.cameras, topics.joints, *topics.groups] + ([topics.goals] if topics.actions else [])
+    missing = [t for t in needed if t not in present]
+    if topics.instruction not in present and topics.episode not in present:
+        missing.append(f'{topics.instruction} or {topics.episode}')
     if missing:
         raise ValueError(f'the bag has no topics {missing} (it has {sorted(present)})')
-    expected = {joint_topic: 'sensor_msgs/msg/JointState', instruction_topic: 'std_msgs/msg/String',
-                **{topic: 'sensor_msgs/msg/CompressedImage' if transport == 'compressed' else 'sensor_msgs/msg/Image'
-                   for topic, transport in cameras.items()},
-                **{topic: 'trajectory_msgs/msg/JointTrajectory' if group.interface == 'joint_trajectory'
-                   else 'std_msgs/msg/Float64MultiArray' for topic, group in groups.items()}}
-    wrong = [f'{topic} carries {present[topic]}, not {kind}' for topic, kind in expected.items()
-             if present[topic] != kind]
+    wrong = [f'{topic} carries {present[topic]}, not {kind}' for topic, kind in topics.expected().items()
+             if topic in present and present[topic] != kind]
     if wrong:
         raise ValueError(f"the bag's topics do not carry what the node reads: {'; '.join(wrong)}")
 
 
 def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None = None,
-           namespace: str = '') -> Replay:
-    """Run ``policy`` open-loop over ``bag``'s recorded observations; compare with its commands."""
+           namespace: str = '', node: str = NODE_NAME) -> Replay:
+    """
+    Run ``policy`` open-loop over ``bag``'s recorded observations; compare with its commands.
+
+    ValueError if an episode (or the whole bag) has no instruction, or no observation was ever complete.
+    """
     dt = 1.0 / settings.control_rate_hz
     horizon = settings.chunking.horizon or policy.chunk_size
     period = period or horizon * dt
-    cameras = {absolute(camera_topic(topic, transport), namespace): (name, transport) for topic, name, transport
-               in zip(settings.camera_topics, settings.camera_names, settings.camera_transports)}
-    groups = {absolute(group.topic, namespace): group for group in settings.command_groups}
-    joint_topic = absolute(settings.joint_states_topic, namespace)
-    instruction_topic = absolute(settings.instruction_topic, namespace)
-    check_bag(bag, settings, namespace)
+    topics = _Topics.of(settings, namespace, node)
+    check_bag(bag, settings, namespace, node)
     inputs = _Recorder(settings)
     start, next_observation = None, None
     predicted_times, predicted, latencies = [], [], []
@@ -188,23 +303,20 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
         predicted_times.extend(at + dt * np.arange(len(rows)))
         predicted.extend(rows)
 
-    for topic, _, msg, log_time in read_messages(bag, set(cameras) | set(groups) | {joint_topic, instruction_topic}):
+    for topic, _, msg, log_time in read_messages(bag, topics.all()):
         start = log_time if start is None else start
         t = (log_time - start) * 1e-9
         while next_observation is not None and t > next_observation:
-            infer(next_observation)
+            if inputs.ready():
+                infer(next_observation)
             next_observation += period
-        if topic in cameras:
-            name, transport = cameras[topic]
-            inputs.frames[name] = (transport, msg)
-        elif topic == joint_topic:
-            inputs.on_joint_state(msg)
-        elif topic == instruction_topic:
-            inputs.instruction = msg.data.strip() or None
-        elif topic in groups:
-            inputs.on_command(groups[topic], msg, t)
+        topics.dispatch(inputs, topic, msg, t)
         if next_observation is None and inputs.ready():
             next_observation = t
+    inputs.check({'instruction': topics.instruction, 'episode': topics.episode})
+    if not latencies:
+        raise ValueError('no moment of the bag holds every input the node reads (an instruction, a frame of every '
+                         'camera, every joint): nothing to replay')
     recorded_times = np.array(inputs.command_times)
     recorded = np.array(inputs.commands).reshape(-1, len(settings.joint_names))
     times = np.array(predicted_times)
@@ -215,7 +327,7 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
         valid = index >= 0
         errors[valid] = predictions[valid] - recorded[index[valid]]
     return Replay(settings.joint_names, times, predictions, recorded_times, recorded, errors,
-                  chunks=len(latencies), inference_seconds=latencies)
+                  chunks=len(latencies), inference_seconds=latencies, goals=inputs.goals)
 
 
 def plot(result: Replay, path: str) -> None:
@@ -253,16 +365,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument('--period', type=float, default=None,
                         help='seconds between observations (default: one horizon)')
     parser.add_argument('--namespace', default='', help="the node's namespace when the bag was recorded")
+    parser.add_argument('--node', default=NODE_NAME, help="the node's name, for its ~/episode and ~/command_goals")
     parser.add_argument('--plot', help='write the PNG plot here')
     parser.add_argument('--json', help='write the summary here')
     args = parser.parse_args(argv)
     from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError   # torch: only now
     try:
         settings = settings_from_files(args.params_file, args.param)
-        check_bag(args.bag, settings, args.namespace)   # before the policy loads: a broken bag fails fast
+        for recovered in end_unfinished(args.bag):
+            print(f'note: {recovered.path} was never closed (its recorder was killed?): ended after its last '
+                  f'complete chunk, {recovered.messages} messages kept, {recovered.cut_bytes} bytes cut',
+                  file=sys.stderr)
+        check_bag(args.bag, settings, args.namespace, args.node)   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
                              lambda text: print(f'warning: {text}', file=sys.stderr))
-        result = replay(args.bag, settings, policy, args.period, args.namespace)
+        result = replay(args.bag, settings, policy, args.period, args.namespace, args.node)
     except (ParameterError, PolicyLoadError, ValueError, OSError) as error:
         print(f'vla-policy-replay: {error}', file=sys.stderr)
         return 1
@@ -275,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, row in summary['joints'].items():
         print(f"{name:<{width}}  {row['mae']:>10.5f}  {row['rmse']:>10.5f}  {row['max_abs']:>10.5f}  "
               f"{row['points']}")
+    for group, events in summary['goals'].items():
+        print(f"goals of {group}: " + ', '.join(f'{count} {event}' for event, count in events.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
     if args.plot:
