@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / 'config' / 'default.yaml'
 # The tests drive the tiny model with random weights, which the node refuses unless told.
 RANDOM_WEIGHTS_ARGS = ('-p', 'allow_random_weights:=true')
+# The probes' joints stand still whatever the node commands: with the tracking check on (its
+# default) the node would latch a protective stop within a few ticks. Tests of other things turn it
+# off; the tracking tests, the action outputs' model arm and the simulated arms follow and keep it.
+STILL_ROBOT_ARGS = ('-p', 'limits.max_tracking_error:=[0.0]')
 # Runs that share the machine at the same time (two checkouts, say) set different bases.
 DOMAIN_BASE = int(os.environ.get('VLA_TEST_DOMAIN_BASE', '40'))
 # Above 101 the DDS ports (7400 + 250 * id + offsets) reach Linux's ephemeral range (32768+),
@@ -124,11 +128,13 @@ class NodeProcess(OutputProcess):
     def __init__(self, params_files: list[Path], domain_id: int,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                  random_weights: bool = True, executable: str = 'vla_policy_node',
-                 command: tuple[str, ...] | None = None) -> None:
+                 command: tuple[str, ...] | None = None, still_robot: bool = False) -> None:
+        """``still_robot``: the robot the test plays does not follow the commands (``STILL_ROBOT_ARGS``)."""
         args = list(command or (str(installed_executable(executable)),)) + ['--ros-args']
         for params in params_files:
             args += ['--params-file', str(params)]
-        args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(extra_args)
+        args += list(RANDOM_WEIGHTS_ARGS if random_weights else ()) + list(STILL_ROBOT_ARGS if still_robot else ())
+        args += list(extra_args)
         super().__init__(args, {**ros_env(domain_id), **(env or {})})
 
 
@@ -142,7 +148,7 @@ def node_with_probe(params_files: list[Path], domain_id: int, make_probe: Callab
                     ready_timeout: float = 60.0,
                     env: dict[str, str] | None = None) -> Iterator[tuple[NodeProcess, Any]]:
     """Start the installed node, wait until it is ready, yield it with a probe; stop both after."""
-    node = NodeProcess(params_files, domain_id, env=env)
+    node = NodeProcess(params_files, domain_id, env=env, still_robot=True)
     probe = None
     try:
         assert node.wait_for_output('ready:', timeout=ready_timeout), node.output

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
-from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND, wait_until
+from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, SERVER_COMMAND, STILL_ROBOT_ARGS, wait_until
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -149,7 +149,7 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
 
     probe = None
     try:
-        robots = {ns: start(None, ns, ROBOT_ARGS) for ns in ROBOTS}
+        robots = {ns: start(None, ns, ROBOT_ARGS + STILL_ROBOT_ARGS) for ns in ROBOTS}
         for robot in robots.values():
             assert robot.wait_for_output('ready:', 90.0), robot.output
         probe = RobotsProbe(domain)
