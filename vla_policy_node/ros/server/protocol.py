@@ -26,9 +26,10 @@ float32, row-major; empty with a fault), ``queue_wait``, ``compute`` (seconds), 
 and ``signature``.
 
 With a shared fleet key (``server/fleet_key.py``) requests, answers and heartbeats carry an
-HMAC-SHA256: of the message serialized with an empty signature (a heartbeat: of its server,
-run and beat number); :func:`seal` signs and serializes, the decoders refuse what is unsigned
-or badly signed. Without a key, signatures are neither sent nor read.
+HMAC-SHA256: of the serialized bytes before the signature, the last field (a heartbeat: of its
+server, run and beat number); :func:`seal` serializes and signs, the decoders refuse, from
+the bytes received, what is unsigned or badly signed. Without a key, signatures are neither
+sent nor read.
 
 This module is the only one that knows the layout: the ``encode_*`` functions build messages
 from plain values, the ``decode_*`` ones turn a message, or its serialized bytes, into the
@@ -69,7 +70,7 @@ from vla_policy_interfaces.msg import RequestKey as KeyMsg, RTCGuidance as RTCMs
 
 from vla_policy_node.control.chunking import RTC_GUIDANCE, RTCGuidance
 from vla_policy_node.ros.conversions import ConversionError, image_to_rgb, rgb_to_image
-from vla_policy_node.server.fleet_key import ANSWER, HEARTBEAT, REQUEST, sign, verified
+from vla_policy_node.server.fleet_key import ANSWER, HEARTBEAT, REQUEST, sign, SIGNATURE_SIZE, verified
 
 VERSION = PolicyRequest.VERSION
 REQUESTS_TOPIC = 'requests'
@@ -165,27 +166,35 @@ def _check_version(head: bytes) -> None:
 
 
 def seal(msg: PolicyRequest | ActionChunk, key: bytes | None) -> bytes:
-    """Return the message serialized, signed with the fleet key when there is one (as it goes on the wire)."""
-    if key is not None:
-        msg.signature = sign(key, _label(msg), serialize_message(msg))
-    return serialize_message(msg)
+    """
+    Return the message serialized as it goes on the wire, signed with the fleet key when there is one.
+
+    The signature is the last field, so its 32 bytes end the serialized message: they are the
+    HMAC of every byte before them, exactly as sent (a serializer need not write padding the
+    same way twice, so the bytes are signed, not a re-serialization).
+    """
+    if key is None:
+        return serialize_message(msg)
+    msg.signature = bytes(SIGNATURE_SIZE)
+    raw = bytearray(serialize_message(msg))
+    raw[-SIGNATURE_SIZE:] = sign(key, _label(msg), bytes(raw[:-SIGNATURE_SIZE]))
+    return bytes(raw)
 
 
 def _label(msg: Any) -> bytes:
     return REQUEST if isinstance(msg, PolicyRequest) else ANSWER
 
 
-def _check_signature(msg: PolicyRequest | ActionChunk, key: bytes | None) -> None:
-    """Refuse a message not signed with the fleet key (no key: nothing to check)."""
+def _check_signature(msg: PolicyRequest | ActionChunk, raw: bytes | None, key: bytes | None) -> None:
+    """Refuse a message whose bytes ``raw`` are not signed with the fleet key (no key: nothing to check)."""
     if key is None:
         return
     signature = bytes(msg.signature)
-    msg.signature = b''
-    try:
-        if not verified(key, _label(msg), serialize_message(msg), signature):
-            raise SignatureError('not signed with the fleet key' if not signature else 'bad fleet key signature')
-    finally:
-        msg.signature = signature
+    if not signature:
+        raise SignatureError('not signed with the fleet key')
+    if raw is None or raw[-SIGNATURE_SIZE:] != signature or not verified(key, _label(msg), raw[:-SIGNATURE_SIZE],
+                                                                         signature):
+        raise SignatureError('bad fleet key signature')
 
 
 def _text(value: str, field: str, empty: bool = False) -> str:
@@ -245,7 +254,8 @@ def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str
 
 def decode_request(msg: PolicyRequest | bytes, key: bytes | None = None) -> WireRequest:
     """Decode a request (a message or its serialized bytes); ProtocolError if malformed or, with a key, unsigned."""
-    return _decoded(lambda m: _decode_request(m, key), msg, PolicyRequest)
+    raw = bytes(msg) if isinstance(msg, (bytes, bytearray, memoryview)) else None
+    return _decoded(lambda m: _decode_request(m, raw, key), msg, PolicyRequest)
 
 
 def decode_request_key(msg: PolicyRequest | bytes) -> RequestKey:
@@ -266,10 +276,10 @@ def decode_request_key(msg: PolicyRequest | bytes) -> RequestKey:
         raise ProtocolError(f'no readable key: {type(error).__name__}') from error
 
 
-def _decode_request(msg: PolicyRequest, fleet_key: bytes | None) -> WireRequest:
+def _decode_request(msg: PolicyRequest, raw: bytes | None, fleet_key: bytes | None) -> WireRequest:
     if msg.version != VERSION:
         raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
-    _check_signature(msg, fleet_key)
+    _check_signature(msg, raw, fleet_key)
     key = _key(msg.key)
     if not 0 < msg.horizon <= MAX_HORIZON:
         raise ProtocolError(f'horizon must be 1 to {MAX_HORIZON} steps, got {msg.horizon}')
@@ -330,13 +340,14 @@ def encode_chunk(key: RequestKey, digest: bytes, chunk: np.ndarray | None, fault
 
 def decode_chunk(msg: ActionChunk | bytes, key: bytes | None = None) -> ChunkAnswer:
     """Decode an answer (a message or its serialized bytes); ProtocolError if malformed or, with a key, unsigned."""
-    return _decoded(lambda m: _decode_chunk(m, key), msg, ActionChunk)
+    raw = bytes(msg) if isinstance(msg, (bytes, bytearray, memoryview)) else None
+    return _decoded(lambda m: _decode_chunk(m, raw, key), msg, ActionChunk)
 
 
-def _decode_chunk(msg: ActionChunk, fleet_key: bytes | None) -> ChunkAnswer:
+def _decode_chunk(msg: ActionChunk, raw: bytes | None, fleet_key: bytes | None) -> ChunkAnswer:
     if msg.version != VERSION:
         raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
-    _check_signature(msg, fleet_key)
+    _check_signature(msg, raw, fleet_key)
     key = _key(msg.key)
     fault = _text(msg.fault, 'fault', empty=True) or None
     chunk = None
