@@ -152,7 +152,7 @@ class BatchServer:
         config = self._config
         if request.client not in self._queue and len(self._queue) >= config.max_queued:
             self._counters['refused_requests'] += 1
-            return [(request, f'server overloaded: {config.max_queued} requests already wait')]
+            return [(request, f'server overloaded: {config.max_queued} robots already wait')]
         superseded = self._queue.pop(request.client, None)
         if superseded is not None:
             self._counters['superseded_requests'] += 1
@@ -205,23 +205,36 @@ class BatchServer:
                     if len(waits) else (float('nan'), float('nan'))}
 
     def _run(self) -> None:
-        while True:
-            with self._condition:
-                self._condition.wait_for(lambda: self._stopping or self._queue)
-                if self._stopping:
-                    return
-                first = next(iter(self._queue.values()))
-                self._condition.wait_for(
-                    lambda: self._stopping or len(self._queue) >= self._config.max_batch,
-                    timeout=max(0.0, first.received_at + self._config.window - self._clock()))
-                if self._stopping:
-                    return
-                self._drop_hopeless()
-                taken = list(self._queue.values())[:self._config.max_batch]
-                for request in taken:
-                    del self._queue[request.client]
-            for group in _compatible_groups(taken):
-                self._serve(group)
+        # No request may stay bound to a local of this loop while it waits for the next batch:
+        # its frames would stay resident after being served (a burst's memory never returned).
+        while self._serve_all(self._next_batch()):
+            pass
+
+    def _next_batch(self) -> list[ServedRequest] | None:
+        """Wait for requests (and the window) and take a batch of them; None when stopping."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._stopping or self._queue)
+            if self._stopping:
+                return None
+            first = next(iter(self._queue.values()))
+            self._condition.wait_for(
+                lambda: self._stopping or len(self._queue) >= self._config.max_batch,
+                timeout=max(0.0, first.received_at + self._config.window - self._clock()))
+            if self._stopping:
+                return None
+            self._drop_hopeless()
+            taken = list(self._queue.values())[:self._config.max_batch]
+            for request in taken:
+                del self._queue[request.client]
+            return taken
+
+    def _serve_all(self, batch: list[ServedRequest] | None) -> bool:
+        """Serve a batch, one pass per group that can share one; False when stopping."""
+        if batch is None:
+            return False
+        for group in _compatible_groups(batch):
+            self._serve(group)
+        return True
 
     def _drop_hopeless(self) -> None:
         """
@@ -291,7 +304,8 @@ def request_bytes(request: ServedRequest) -> int:
     arrays = [*(observation.get('images') or {}).values(), observation.get('state')]
     if request.rtc is not None:
         arrays.append(request.rtc.prefix)
-    return sum(np.asarray(a).nbytes for a in arrays if a is not None) + len(observation.get('task') or '')
+    task = observation.get('task')
+    return sum(np.asarray(a).nbytes for a in arrays if a is not None) + (len(task) if isinstance(task, str) else 0)
 
 
 def _judge(chunk: np.ndarray) -> tuple[str | None, str]:
