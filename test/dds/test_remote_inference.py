@@ -41,7 +41,7 @@ STATE = np.array([0.1, -0.2, 0.3])
 
 
 class FakeServer:
-    """Records decoded requests (and their digests); answers them only when told; beats every 0.1 s while ``beating``."""
+    """Records decoded requests (and their digests); answers only when told; beats every 0.1 s while ``beating``."""
 
     def __init__(self, context, namespace: str = '/', fleet_key: bytes | None = None) -> None:
         self.node = rclpy.create_node('vla_policy_server', namespace=namespace, context=context)
