@@ -32,6 +32,7 @@ observations, so an episode reset on a robot needs nothing here. Every safety de
 from __future__ import annotations
 
 from collections.abc import Callable
+import ctypes
 from dataclasses import dataclass, replace
 import threading
 import time
@@ -45,6 +46,7 @@ from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED
 SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
                    'refused_requests', 'answer_errors', 'expired_requests', 'budget_refusals')
 MIB = 1 << 20
+TRIM_BYTES = 64 * MIB       # after a batch this large, free heap memory goes back to the system
 
 
 @dataclass(frozen=True)
@@ -232,8 +234,12 @@ class BatchServer:
         """Serve a batch, one pass per group that can share one; False when stopping."""
         if batch is None:
             return False
+        large = sum(r.nbytes for r in batch) >= TRIM_BYTES
         for group in _compatible_groups(batch):
             self._serve(group)
+        del batch, group
+        if large:
+            _trim_heap()
         return True
 
     def _drop_hopeless(self) -> None:
@@ -296,6 +302,19 @@ class BatchServer:
     def _count_fault(self) -> None:
         with self._condition:
             self._counters['batch_faults'] += 1
+
+
+def _trim_heap() -> None:
+    """
+    Give the C heap's free memory back to the system (glibc's malloc_trim; elsewhere nothing).
+
+    Large frames pass through buffers of the middleware and the preprocessing whose freed
+    memory glibc keeps for reuse: without this a burst of large requests stays resident.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 def request_bytes(request: ServedRequest) -> int:

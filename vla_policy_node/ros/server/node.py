@@ -158,7 +158,7 @@ class PolicyServerNode(Node):
         self._bad_requests = 0
         self._foreign_requests = 0
         self._sessions = SessionTable()
-        self._beat = 0
+        self._beat_number = 0
         self._troubles_reported = 0
         self._chunks = self.create_publisher(ANSWER_TYPE, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
@@ -182,8 +182,8 @@ class PolicyServerNode(Node):
         if self._server.alive:
             self._heartbeats.publish(encode_heartbeat(self.get_fully_qualified_name(), self._instance,
                                                       self._settings.heartbeat_period, self._server.queued,
-                                                      self._beat, self._settings.fleet_key))
-            self._beat += 1
+                                                      self._beat_number, self._settings.fleet_key))
+            self._beat_number += 1
 
     def _on_request(self, msg: bytes, sender: bytes | None) -> None:
         digest = request_digest(msg)
