@@ -280,8 +280,13 @@ class RemoteInference:
             quiet = now - self._logged.get(what, -LOG_PERIOD) < LOG_PERIOD
             if not quiet:
                 self._logged[what] = now
-        if not quiet:
-            (sink or self._log)(text)
+        if quiet:
+            return
+        # One call site per severity: rclpy refuses a call site whose severity changes.
+        if sink is None:
+            self._log(text)
+        else:
+            sink(text)
 
     def _foreign(self, server: str, what: str, sender: bytes | None) -> bool:
         """Tell whether a message on ``server``'s topic ``what`` is not its own (counted and logged)."""
