@@ -19,7 +19,7 @@ import pytest
 import rclpy
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, ros_env, SERVER_COMMAND
 
-from vla_policy_node.ros.sros2_policy import node_interface
+from vla_policy_node.ros.sros2_policy import settled_interfaces
 
 pytestmark = pytest.mark.dds
 
@@ -48,9 +48,9 @@ def test_the_policy_names_every_topic_service_and_action_of_the_nodes(tmp_path):
         policy = ElementTree.parse(out).getroot()
         assert policy.get('version') == '0.2.0'
         rclpy.init(context=context, domain_id=domain)
-        graph = rclpy.create_node('graph_reader', context=context)
-        for node in (ROBOT, SERVER):
-            interface = node_interface(graph, node)
+        interfaces = settled_interfaces(rclpy.create_node('graph_reader', context=context), (ROBOT, SERVER), 15.0)
+        assert interfaces is not None
+        for node, interface in interfaces.items():
             assert interface['publishers'] and interface['subscribers'], interface
             for kind, permission, what in (('topics', 'publish', 'publishers'), ('topics', 'subscribe', 'subscribers'),
                                            ('services', 'reply', 'services'), ('actions', 'execute', 'action_servers'),

@@ -47,6 +47,26 @@ def node_interface(graph: Node, fully_qualified: str) -> dict[str, list[str]]:
             for what, names in listed.items()}
 
 
+def settled_interfaces(graph: Node, nodes: Sequence[str], timeout: float, settle: float = 1.0) -> dict | None:
+    """
+    Return the nodes' interfaces once discovery has settled (unchanged for ``settle`` s); None if a node is missing.
+
+    Endpoints are discovered after their node, one by one: a policy written at the first sight
+    of the node would miss some.
+    """
+    end = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < end:
+        present = {f"{ns.rstrip('/')}/{name}" for name, ns in graph.get_node_names_and_namespaces()}
+        now = {node: node_interface(graph, node) for node in nodes if node in present}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif len(now) == len(nodes) and time.monotonic() - since >= settle:
+            return now
+        time.sleep(0.1)
+    return last if last is not None and len(last) == len(nodes) else None
+
+
 def policy_xml(interfaces: dict[str, dict[str, list[str]]]) -> str:
     """Return the SROS2 policy that allows each node (fully qualified name -> interface) exactly its interface."""
     policy = ElementTree.Element('policy', version=POLICY_VERSION)
@@ -70,23 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('nodes', nargs='+', help='fully qualified node names, e.g. /arm1/vla_policy_node')
     parser.add_argument('-o', '--output', help='policy file to write (default: standard output)')
-    parser.add_argument('--wait', type=float, default=5.0, help='seconds to wait for the nodes to be discovered')
+    parser.add_argument('--wait', type=float, default=10.0, help='seconds to wait for the nodes to be discovered')
     args = parser.parse_args(argv)
     rclpy.init(args=[])
     try:
-        graph = rclpy.create_node('sros2_policy_writer')
-        end = time.monotonic() + args.wait
-        missing = list(args.nodes)
-        while missing and time.monotonic() < end:
-            present = {f"{ns.rstrip('/')}/{name}" for name, ns in graph.get_node_names_and_namespaces()}
-            missing = [node for node in args.nodes if node not in present]
-            time.sleep(0.1)
-        if missing:
-            print(f'not in the graph of this ROS_DOMAIN_ID: {missing}', file=sys.stderr)
-            return 1
-        text = policy_xml({node: node_interface(graph, node) for node in args.nodes})
+        interfaces = settled_interfaces(rclpy.create_node('sros2_policy_writer'), args.nodes, args.wait)
     finally:
         rclpy.try_shutdown()
+    if interfaces is None:
+        print(f'not all of {args.nodes} are in the graph of this ROS_DOMAIN_ID', file=sys.stderr)
+        return 1
+    text = policy_xml(interfaces)
     if args.output:
         with open(args.output, 'w') as out:
             out.write(text)
