@@ -78,7 +78,7 @@ class Rogue:
             self.forged += 1
 
     def _flood(self) -> None:
-        """Requests under the robot's name from a session of the rogue's own."""
+        """Send a request under the robot's name from a session of the rogue's own."""
         if self.flooding:
             observation = {'images': {'front': np.zeros((48, 64, 3), np.uint8)}, 'state': np.zeros(3),
                            'task': 'wave'}
