@@ -94,7 +94,7 @@ class ServerSenders:
             return [gid for gid, owner in self._owners.get(topic, {}).items() if owner == server]
 
     def contested(self, server: str) -> str | None:
-        """Say why the server is contested (more than one publisher owned by its name on a topic), or None."""
+        """Say why the server is disputed, or None: more than one publisher of a topic is owned by its name."""
         for what, topic in self._topics[server].items():
             owned = self._owned(server, topic)
             if len(owned) > 1:
