@@ -8,8 +8,9 @@ another state under the robot's exact key (a forged observation), and floods req
 robot's name from a session of its own. The server serves neither forgery for the robot: the
 copies are dropped unanswered (``foreign_requests``), the flood never replaces the robot's own
 request, and the robot keeps commanding its own policy's actions. Then 16 requests of 4096 x
-4096 frames (16 publishers) reach the server at once: its resident memory returns within 10%
-of its pre-burst value once they are answered. With a fleet key, the server answers nothing
+4096 frames (16 publishers) reach the server at once, twice: its resident memory returns within
+10% of its pre-burst value once they are answered (the server's Fast DDS readers free what they
+took: ``release_reader_memory``). With a fleet key, the server answers nothing
 unsigned.
 """
 
@@ -189,14 +190,8 @@ def test_forged_copies_and_requests_under_the_robots_name_never_serve_the_robot(
     assert 'from a publisher other than the one that session started with' in server.output
 
 
-def test_a_burst_of_sixteen_4096_requests_is_served_within_the_budget_and_memory_is_reused(served):
-    """
-    16 requests of 4096 x 4096 frames at once, twice: all are served, the queue stays within its budget.
-
-    The server's own memory returns after a burst (test_server_memory.py: within 10%); the DDS
-    reader keeps buffers of the largest samples it held for reuse (a few frames' worth), so a
-    second burst may not grow the resident memory the first one left by more than two frames.
-    """
+def test_a_burst_of_sixteen_4096_requests_is_served_within_the_budget_and_its_memory_returns(served):
+    """16 requests of 4096 x 4096 frames at once, twice: all served, the queue within budget, RSS back within 10%."""
     server, robot, rogue = served
     rogue.server_pid = server.process.pid
     senders = publishers(rogue, 16)
@@ -212,7 +207,7 @@ def test_a_burst_of_sixteen_4096_requests_is_served_within_the_budget_and_memory
     print(f'server RSS before {before:.0f} MiB; burst 1: peak {results[0][0]:.0f}, after {results[0][1]:.0f} MiB; '
           f'burst 2: peak {results[1][0]:.0f}, after {results[1][1]:.0f} MiB')
     assert max(peak for peak, _ in results) - before > 16 * 48 * 0.5, 'the burst never reached the server'
-    assert results[1][1] <= results[0][1] + 2 * 48, f'a second burst grew the memory the first left: {results}'
+    assert all(after <= 1.1 * before for _, after in results), (before, results)
     assert 0 < rogue.max_queued_mib <= 1024, 'the queue passed its budget'
 
 

@@ -35,8 +35,12 @@ parameter file works) and ``batch.window``, ``batch.max_size``, ``batch.max_queu
 
 from __future__ import annotations
 
+import atexit
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+import os
 import secrets
+import tempfile
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -301,4 +305,44 @@ class PolicyServerNode(Node):
 
 def main() -> int:
     """Run the server until SIGINT/SIGTERM; exit 1 on a configuration error (``ros.process.run_until_signal``)."""
+    release_reader_memory(os.environ)
     return run_until_signal(PolicyServerNode, lambda node: node.serving, NODE_NAME)
+
+
+# rmw_fastrtps keeps each reader's sample buffers for reuse (PREALLOCATED_WITH_REALLOC): after a
+# burst of large requests the server would hold a few frames' worth for good. Its readers free
+# them instead (DYNAMIC); writers keep rmw_fastrtps' defaults. ROS QoS set in code still apply.
+FASTDDS_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
+<dds xmlns="http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles">
+  <profiles>
+    <data_writer profile_name="vla_policy_server writers" is_default_profile="true">
+      <qos><publishMode><kind>ASYNCHRONOUS</kind></publishMode></qos>
+      <historyMemoryPolicy>PREALLOCATED_WITH_REALLOC</historyMemoryPolicy>
+    </data_writer>
+    <data_reader profile_name="vla_policy_server readers" is_default_profile="true">
+      <historyMemoryPolicy>DYNAMIC</historyMemoryPolicy>
+    </data_reader>
+  </profiles>
+</dds>
+"""
+FASTDDS_SETTINGS = ('FASTDDS_DEFAULT_PROFILES_FILE', 'FASTRTPS_DEFAULT_PROFILES_FILE', 'RMW_FASTRTPS_USE_QOS_FROM_XML')
+
+
+def release_reader_memory(environ: MutableMapping[str, str]) -> str | None:
+    """
+    Make Fast DDS free the server's received samples once taken; return the profile file, or None.
+
+    Only with rmw_fastrtps and when the user configures none of it (their profile wins); must run
+    before the first node is created.
+    """
+    if environ.get('RMW_IMPLEMENTATION', 'rmw_fastrtps_cpp') not in ('rmw_fastrtps_cpp', 'rmw_fastrtps_dynamic_cpp'):
+        return None
+    if any(name in environ for name in FASTDDS_SETTINGS):
+        return None
+    handle, path = tempfile.mkstemp(prefix='vla_policy_server_fastdds_', suffix='.xml')
+    with os.fdopen(handle, 'w') as profile:
+        profile.write(FASTDDS_PROFILE)
+    atexit.register(os.remove, path)
+    environ.update(FASTDDS_DEFAULT_PROFILES_FILE=path, FASTRTPS_DEFAULT_PROFILES_FILE=path,
+                   RMW_FASTRTPS_USE_QOS_FROM_XML='1')
+    return path
