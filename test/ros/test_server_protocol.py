@@ -254,3 +254,11 @@ def test_heartbeats_are_numbered_and_with_a_key_signed():
     beat.values[2].value = '8'          # a later beat number under an earlier beat's signature
     with pytest.raises(SignatureError):
         decode_heartbeat(beat, KEY_BYTES)
+
+
+def test_a_heartbeat_without_a_beat_number_is_read_but_never_signed():
+    beat = encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2)
+    beat.values = [kv for kv in beat.values if kv.key != 'beat']
+    assert decode_heartbeat(beat) == ('run1', None)
+    with pytest.raises(SignatureError):
+        decode_heartbeat(beat, KEY_BYTES)

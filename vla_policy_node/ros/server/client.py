@@ -309,9 +309,9 @@ class RemoteInference:
             return
         with self._condition:
             last = self._beats.get(server)
-            if last is not None and last[0] == instance and beat <= last[1]:
+            if beat is not None and last is not None and last[0] == instance and beat <= last[1]:
                 return          # a replayed or reordered beat of this run
-            self._beats[server] = (instance, beat)
+            self._beats[server] = (instance, -1 if beat is None else beat)
             found = self._pool.heartbeat(server, instance, time.monotonic())
         if found:
             self._warn(f'live {server}', f'policy server {server} is live (run {instance})', self._inform)

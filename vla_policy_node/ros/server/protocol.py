@@ -375,13 +375,19 @@ def encode_heartbeat(server: str, instance: str, period: float, queued: int, bea
                             values=values)
 
 
-def decode_heartbeat(msg: DiagnosticStatus, key: bytes | None = None) -> tuple[str, int]:
-    """Return (the server run, the beat number) of a heartbeat; ProtocolError without one or, with a key, unsigned."""
+def decode_heartbeat(msg: DiagnosticStatus, key: bytes | None = None) -> tuple[str, int | None]:
+    """
+    Return (the server run, the beat number) of a heartbeat; ProtocolError without a run or, with a key, unsigned.
+
+    The beat number is None for a heartbeat that carries none (it is then not checked for replays).
+    """
     if not msg.hardware_id:
         raise ProtocolError('a heartbeat names its server run in hardware_id')
     values = {kv.key: kv.value for kv in msg.values}
+    if key is not None and 'beat' not in values:
+        raise SignatureError('heartbeat not signed with the fleet key')
     try:
-        beat = int(values.get('beat', '0'))
+        beat = int(values['beat']) if 'beat' in values else None
         signature = bytes.fromhex(values.get('signature', ''))
     except ValueError as error:
         raise ProtocolError(f'heartbeat: {error}') from error
