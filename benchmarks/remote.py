@@ -86,14 +86,16 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     lock = threading.Lock()
     state = {'robots': 0, 'sent': {}, 'latencies': [], 'batch_sizes': [], 'chunks': 0}
     observations = [observation(frame, i) for i in range(max(robot_counts))]
-    requests = node.create_publisher(REQUEST_TYPE, '/vla_policy_server/requests', REMOTE_FLEET_QOS)
+    # One publisher per robot, as each robot node has: the server queues one request per publisher.
+    requests = [node.create_publisher(REQUEST_TYPE, '/vla_policy_server/requests', REMOTE_FLEET_QOS)
+                for _ in range(max(robot_counts))]
 
     def send(robot: int, request_id: int) -> None:
         msg = encode_request(RequestKey(f'/robot{robot}', 'bench', request_id, 0, 0.0), JOINTS, observations[robot],
-                             None)
+                             None, horizon=50)
         with lock:
             state['sent'][robot] = (request_id, time.perf_counter())
-        requests.publish(msg)
+        requests[robot].publish(msg)
 
     def on_answer(msg) -> None:
         answer = decode_chunk(msg)
@@ -121,7 +123,7 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
                 log.flush()
                 raise RuntimeError('the server did not start:\n' + (work / 'server.log').read_text()[-4000:])
             time.sleep(0.2)
-        while requests.get_subscription_count() == 0 and time.monotonic() < end:
+        while not all(r.get_subscription_count() for r in requests) and time.monotonic() < end:
             time.sleep(0.05)
         for count in robot_counts:
             with lock:

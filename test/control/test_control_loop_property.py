@@ -13,7 +13,8 @@ stalled clock and a stop, every command that leaves the loop is:
   joint state instead;
 * in loop-clock time: its first point within ``max_velocity`` times the time since the
   previous message of that message's first point, for ticks at irregular times, executor
-  stalls and bursts of ticks milliseconds apart included;
+  stalls and bursts of ticks milliseconds apart included, on the remote path too (an answer
+  arriving after a stall, the tick it triggers at once, the timer's ticks right after);
 * after a hold (and a final hold while holding), sent only if each joint is measured within
   ``max_step`` of its way from where the last action found it to that point: never for a
   robot moved during the hold;
@@ -244,6 +245,12 @@ operation = st.one_of(
     st.tuples(st.just('burst'), st.tuples(st.sampled_from([0.0, DT / 3, 2 * DT]),
                                           st.lists(st.sampled_from([0.0014, 0.003, 0.011, 0.023]), min_size=2,
                                                    max_size=4))),
+    # The remote path (RemoteInference): the executor stalls (81-108 ms, as measured), then runs the answer's
+    # callback: a chunk that ends a hold makes the node tick at once (ros/node.py _on_chunk_ready), and the
+    # timer's due ticks follow milliseconds apart.
+    st.tuples(st.just('remote'), st.tuples(st.sampled_from([0.0, DT / 3, 0.081, 0.108]),
+                                           st.lists(st.floats(-0.3, 0.3), min_size=12, max_size=12),
+                                           st.lists(st.sampled_from([0.001, 0.003, 0.018]), max_size=3))),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
     st.tuples(st.just('tick'), st.just(None)),
@@ -293,12 +300,13 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
     checker = Checker()
     wall = [0.0]
     inference = ScriptedInference()
+    ready = []          # the loop asked for a tick at once (a chunk ended a hold)
     loop = ControlLoop(
         LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(1.0, ENVELOPE.max_step, tracking),
                      max_observation_age=0.5, max_action_age=max_action_age, plan_points=points,
                      first_point_joints=first_point),
         SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend), inference, checker.sink,
-        wall_clock=lambda: wall[0])
+        wall_clock=lambda: wall[0], on_chunk_ready=lambda: ready.append(True))
     checker.loop = loop
     last_good: np.ndarray | None = None
     last_good_time = -math.inf
@@ -313,9 +321,9 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
         elif kind == 'tick':
             checker.on_tick(now)
             loop.tick(now)
-        elif kind == 'burst':
-            stall, gaps = value
-            for gap in (stall, *gaps):
+        elif kind in ('burst', 'remote'):
+            stall, *answer, gaps = value
+            for i, gap in enumerate((stall, *gaps)):
                 checker.now += gap
                 wall[0] += gap
                 loop.on_joint_state(JOINTS, (last_good if last_good is not None else [0.0, 0.0, 1.0]).tolist()
@@ -325,9 +333,17 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
                 last_good_time = checker.now
                 checker.measured = last_good
                 loop.on_image('front', FRAME, checker.now, checker.now)
+                if i == 0 and answer and inference.pending is not None:     # the answer's callback runs first
+                    checker.delivered.add(inference.pending.observed_at)
+                    ready.clear()
+                    inference.deliver(last_good + np.array(answer[0]).reshape(4, 3), None, checker.now)
+                    if ready and loop.hold_reason is not None:              # the node's _on_chunk_ready
+                        checker.published['remote answer ended a hold'] += 1
+                        checker.on_tick(checker.now)
+                        loop.tick(checker.now)
                 checker.on_tick(checker.now)
                 loop.tick(checker.now)
-            checker.published['burst'] += 1
+            checker.published[kind] += 1
         elif kind == 'cycle':
             state, respond = value
             if state is None:
@@ -450,3 +466,4 @@ def test_every_command_is_safe_whatever_happens():
     assert COVERAGE['... with fresh joint states'] >= 3, COVERAGE      # an unheard joint beyond its limits
     assert COVERAGE['protective stop walk step'] >= 120, COVERAGE
     assert COVERAGE['burst'] >= 300 and COVERAGE['message within a period of the last'] >= 300, COVERAGE
+    assert COVERAGE['remote'] >= 300 and COVERAGE['remote answer ended a hold'] >= 50, COVERAGE

@@ -176,7 +176,7 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
         joints = CONFIG['joint_names']
         refused = [(joints[::-1], observation, 'the robot sends joints'),
                    (joints, {**observation, 'images': {'thermal': frame}}, "cameras ['thermal'] are not in"),
-                   (joints, observation, 'version must be 3, got 2'),
+                   (joints, observation, 'version must be 4, got 2'),
                    (joints, {**observation, 'state': np.full(6, np.nan)}, 'state must be finite'),
                    (joints, observation, "unsupported image encoding 'yuv422'")]
         probe.requests.publish(b'\x00\x01\x00\x00 not a PolicyRequest')

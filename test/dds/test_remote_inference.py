@@ -26,7 +26,8 @@ from vla_policy_node.control.safety import MotionLimits
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.client import RemoteInference
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, decode_request, encode_chunk, encode_heartbeat,
-                                                 REQUEST_TYPE, RequestKey)
+                                                 REQUEST_TYPE, RequestKey, seal)
+from vla_policy_node.server.fleet_key import request_digest
 from vla_policy_node.server.pool import rendezvous
 
 pytestmark = pytest.mark.dds
@@ -40,23 +41,33 @@ STATE = np.array([0.1, -0.2, 0.3])
 
 
 class FakeServer:
-    """Records decoded requests; answers them only when told; beats every 0.1 s while ``beating``."""
+    """Records decoded requests (and their digests); answers only when told; beats every 0.1 s while ``beating``."""
 
-    def __init__(self, context, namespace: str = '/') -> None:
+    def __init__(self, context, namespace: str = '/', fleet_key: bytes | None = None) -> None:
         self.node = rclpy.create_node('vla_policy_server', namespace=namespace, context=context)
         self.name = self.node.get_fully_qualified_name()
-        self.requests: list[tuple] = []
+        self.requests: list = []
+        self.digests: list[bytes] = []
+        self.raws: list[bytes] = []
         self.beating = True
+        self.fleet_key = fleet_key
+        self._beat = 0
         self._lock = threading.Lock()
         self.publisher = self.node.create_publisher(ANSWER_TYPE, '~/chunks', REMOTE_FLEET_QOS)
-        self.node.create_subscription(REQUEST_TYPE, '~/requests', self._on_request, REMOTE_FLEET_QOS)
-        heartbeats = self.node.create_publisher(DiagnosticStatus, '~/heartbeat', HEARTBEAT_QOS)
-        self.node.create_timer(0.1, lambda: self.beating and heartbeats.publish(
-            encode_heartbeat(self.name, 'run1', 0.1, 0)))
+        self.node.create_subscription(REQUEST_TYPE, '~/requests', self._on_request, REMOTE_FLEET_QOS, raw=True)
+        self.heartbeats = self.node.create_publisher(DiagnosticStatus, '~/heartbeat', HEARTBEAT_QOS)
+        self.node.create_timer(0.1, self._heartbeat)
 
-    def _on_request(self, msg) -> None:
+    def _heartbeat(self) -> None:
+        if self.beating:
+            self._beat += 1
+            self.heartbeats.publish(encode_heartbeat(self.name, 'run1', 0.1, 0, self._beat, self.fleet_key))
+
+    def _on_request(self, raw: bytes) -> None:
         with self._lock:
-            self.requests.append(decode_request(msg))
+            self.requests.append(decode_request(raw))
+            self.digests.append(request_digest(raw))
+            self.raws.append(raw)
 
     def count(self) -> int:
         with self._lock:
@@ -64,20 +75,28 @@ class FakeServer:
 
     def answer(self, index: int, chunk: np.ndarray | None = None, fault: str | None = None,
                key: RequestKey | None = None) -> None:
-        chunk = np.zeros((HORIZON, len(JOINTS))) + STATE if chunk is None and fault is None else chunk
-        self.publisher.publish(encode_chunk(key or self.requests[index].key, chunk, fault,
-                                            'scripted' if fault else '', 0.001, 0.01, 1))
+        self.publisher.publish(reply(self.requests[index], self.digests[index], chunk, fault, key, self.fleet_key))
+
+
+def reply(request, digest: bytes, chunk: np.ndarray | None = None, fault: str | None = None,
+          key: RequestKey | None = None, fleet_key: bytes | None = None) -> bytes:
+    """Return the answer to a request (the policy's: the robot's state, HORIZON times) as it goes on the wire."""
+    chunk = np.zeros((HORIZON, len(JOINTS))) + STATE if chunk is None and fault is None else chunk
+    return seal(encode_chunk(key or request.key, digest, chunk, fault, 'scripted' if fault else '', 0.001, 0.01, 1),
+                fleet_key)
 
 
 class Robot:
     """The control loop with remote inference, fed fresh inputs and ticked by the test."""
 
     def __init__(self, context, deadline: float, max_observation_age: float = 0.5,
-                 servers: tuple[str, ...] = ('/vla_policy_server',)) -> None:
+                 servers: tuple[str, ...] = ('/vla_policy_server',), fleet_key: bytes | None = None) -> None:
         self.node = rclpy.create_node('robot', namespace='/arm1', context=context)
         self.commands: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self.logged: list[str] = []
         self.remote = RemoteInference(self.node, servers, JOINTS, time.monotonic, deadline,
-                                      lambda text: None, server_timeout=0.5)
+                                      self.logged.append, server_timeout=0.5, inform=self.logged.append,
+                                      horizon=HORIZON, fleet_key=fleet_key)
         limits = MotionLimits(np.full(3, -3.0), np.full(3, 3.0), np.full(3, 2.0), 0.1)
         self.loop = ControlLoop(
             LoopSettings(JOINTS, ('front',), RATE, limits, max_observation_age=max_observation_age),
@@ -147,6 +166,7 @@ def test_request_carries_the_observation_and_the_answer_is_executed(link):
     request = server.requests[0]
     key, observation, obs_time = request.key, request.observation, request.key.obs_time
     assert (key.robot, key.request_id, key.episode, request.rtc, request.joints) == ('/arm1/robot', 0, 0, None, JOINTS)
+    assert request.horizon == HORIZON, 'the robot asks for the steps it executes'
     assert request.deadline == 2.0, 'the deadline travels with the request'
     assert len(key.session) == 16
     np.testing.assert_array_equal(observation['images']['front'], RGB)
@@ -260,7 +280,7 @@ def test_a_malformed_answer_is_counted_and_never_executed(link):
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
     key = server.requests[0].key
-    poisoned = encode_chunk(key, np.full((HORIZON, 3), 2.5), None, '', 0.001, 0.01, 1)
+    poisoned = encode_chunk(key, server.digests[0], np.full((HORIZON, 3), 2.5), None, '', 0.001, 0.01, 1)
     poisoned.actions[5] = float('nan')
     server.publisher.publish(poisoned)
     server.publisher.publish(b'\x00\x01\x00\x00 not an ActionChunk')

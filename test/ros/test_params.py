@@ -84,6 +84,24 @@ def test_a_pool_of_servers_starts_with_remote_server_and_names_each_once():
         settings_from_values({**VALUES, 'inference': 'cloud'})
 
 
+def test_a_fleet_key_is_read_from_a_file_that_must_exist_be_long_enough_and_private(tmp_path):
+    remote = {**flatten(DEFAULTS), 'inference': 'remote', 'chunking.horizon': 50}
+    assert settings_from_values(remote).remote_fleet_key is None
+    key = tmp_path / 'fleet.key'
+    key.write_text('ab' * 32 + '\n')
+    key.chmod(0o600)
+    settings = settings_from_values({**remote, 'remote.fleet_key_file': str(key)})
+    assert settings.remote_fleet_key == b'ab' * 32 and 'abab' not in repr(settings), 'the key is never printed'
+    for content, mode, reason in (('ab' * 32, 0o644, 'readable or writable by every user'),
+                                  ('short', 0o600, 'holds 5 bytes, at least 16')):
+        key.write_text(content)
+        key.chmod(mode)
+        with pytest.raises(ParameterError, match=f"'remote.fleet_key_file': .*{reason}"):
+            settings_from_values({**remote, 'remote.fleet_key_file': str(key)})
+    with pytest.raises(ParameterError, match='cannot be read: No such file.*openssl rand -hex 32'):
+        settings_from_values({**remote, 'remote.fleet_key_file': str(tmp_path / 'missing.key')})
+
+
 @pytest.mark.parametrize('key, value', [
     ('camera_topics', ['camera/front/image_raw', 'camera/wr ist']),
     ('command_topic', '1st_arm/commands'),

@@ -13,13 +13,14 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from rclpy.serialization import serialize_message
+from rclpy.serialization import deserialize_message, serialize_message
 from vla_policy_interfaces.msg import ActionChunk, CameraFrame, PolicyRequest, RTCGuidance as RTCMsg
 
 from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.ros.conversions import rgb_to_image
-from vla_policy_node.ros.server.protocol import (decode_chunk, decode_request, decode_request_key, encode_chunk,
-                                                 encode_request, MAX_TEXT, ProtocolError, RequestKey, VERSION)
+from vla_policy_node.ros.server.protocol import (decode_chunk, decode_heartbeat, decode_request, decode_request_key,
+                                                 encode_chunk, encode_heartbeat, encode_request, MAX_TEXT,
+                                                 ProtocolError, RequestKey, seal, SignatureError, VERSION)
 
 JOINTS = ('a', 'b', 'c')
 TASK = 'stack the blocks'
@@ -31,22 +32,25 @@ PREFIX = np.arange(12, dtype=np.float64).reshape(4, 3) / 7
 
 def request(rtc: bool = True) -> PolicyRequest:
     return encode_request(KEY, JOINTS, {'images': {'front': RGB}, 'state': STATE, 'task': TASK},
-                          RTCGuidance(PREFIX, 2, 5.0, 'lerobot', 3) if rtc else None, deadline=0.4)
+                          RTCGuidance(PREFIX, 2, 5.0, 'lerobot', 3) if rtc else None, deadline=0.4, horizon=8)
+
+
+DIGEST = bytes(range(32))
 
 
 def answer() -> ActionChunk:
-    return encode_chunk(KEY, np.arange(24, dtype=np.float64).reshape(8, 3) / 3, None, '', 0.001, 0.01, 4)
+    return encode_chunk(KEY, DIGEST, np.arange(24, dtype=np.float64).reshape(8, 3) / 3, None, '', 0.001, 0.01, 4)
 
 
 def test_the_version_is_the_message_definitions_and_was_bumped():
-    assert VERSION == PolicyRequest.VERSION == 3
+    assert VERSION == PolicyRequest.VERSION == 4
 
 
 @pytest.mark.parametrize('serialized', [False, True], ids=['message', 'bytes'])
 def test_a_request_round_trips(serialized):
     msg = request()
     decoded = decode_request(serialize_message(msg) if serialized else msg)
-    assert decoded.key == KEY and decoded.joints == JOINTS and decoded.deadline == 0.4
+    assert decoded.key == KEY and decoded.joints == JOINTS and decoded.deadline == 0.4 and decoded.horizon == 8
     np.testing.assert_array_equal(decoded.observation['images']['front'], RGB)
     np.testing.assert_allclose(decoded.observation['state'], STATE.astype(np.float32))
     assert decoded.observation['state'].dtype == np.float32 and decoded.observation['task'] == TASK
@@ -66,7 +70,8 @@ def test_an_answer_round_trips_and_a_fault_carries_no_chunk(serialized):
     np.testing.assert_allclose(decoded.chunk, np.arange(24).reshape(8, 3) / 3, rtol=1e-6)
     assert decoded.chunk.dtype == np.float64
     assert (decoded.queue_wait, decoded.compute, decoded.batch_size) == (0.001, 0.01, 4)
-    fault = decode_chunk(encode_chunk(KEY, np.zeros((8, 3)), 'raised', 'boom', 0.0, 0.1, 2))
+    assert decoded.digest == DIGEST
+    fault = decode_chunk(encode_chunk(KEY, DIGEST, np.zeros((8, 3)), 'raised', 'boom', 0.0, 0.1, 2))
     assert fault.chunk is None and fault.fault == 'raised' and fault.error == 'boom' and fault.batch_size == 2
 
 
@@ -74,7 +79,7 @@ def test_the_key_of_a_request_of_another_version_can_still_be_read():
     """So the server can answer it with the reason instead of leaving the robot to its deadline."""
     msg = request()
     msg.version = 2
-    with pytest.raises(ProtocolError, match='version must be 3, got 2'):
+    with pytest.raises(ProtocolError, match='version must be 4, got 2'):
         decode_request(msg)
     assert decode_request_key(msg) == KEY
     assert decode_request_key(serialize_message(msg)) == KEY
@@ -111,12 +116,14 @@ def _rtc_rows(msg: PolicyRequest) -> None:
 NAN, INF = float('nan'), float('inf')
 # (what is wrong, how, what the error names)
 HOSTILE_REQUESTS = [
-    ('another version', _set('version', 7), 'version must be 3, got 7'),
+    ('another version', _set('version', 7), 'version must be 4, got 7'),
     ('no robot', _set('key.robot', ''), 'key.robot'),
     ('NaN observation time', _set('key.obs_time', NAN), 'key.obs_time must be finite'),
     ('a negative deadline', _set('deadline', -1.0), 'deadline'),
     ('an infinite deadline', _set('deadline', INF), 'deadline must be finite'),
     ('no joints', _set('joints', []), 'joints must be 1 to'),
+    ('no horizon', _set('horizon', 0), 'horizon must be 1 to 4096'),
+    ('a horizon of 170,000 steps', _set('horizon', 170_000), 'horizon must be 1 to 4096'),
     ('an empty joint name', _set('joints', ['a', '', 'c']), r'joints\[\]'),
     ('fewer state values than joints', _set('state', [0.1, 0.2]), 'state must hold one value per joint'),
     ('a NaN state', _set('state', [0.1, NAN, 0.3]), 'state must be finite'),
@@ -154,7 +161,7 @@ def test_a_hostile_request_is_a_protocol_error_naming_the_field(change, reason):
 
 
 HOSTILE_ANSWERS = [
-    ('another version', _set('version', 2), 'version must be 3, got 2'),
+    ('another version', _set('version', 2), 'version must be 4, got 2'),
     ('no session', _set('key.session', ''), 'key.session'),
     ('an infinite observation time', _set('key.obs_time', INF), 'key.obs_time must be finite'),
     ('a NaN action', _set('actions', [NAN] * 24), 'actions must be finite'),
@@ -198,3 +205,60 @@ def test_bytes_that_are_not_the_message_are_protocol_errors(side):
         decode(_not_utf8(raw, KEY.robot))
     with pytest.raises(ProtocolError, match='PolicyRequest was expected'):
         decode_request(answer())
+
+
+def test_bytes_of_another_version_are_refused_naming_it():
+    """The version is read from the bytes first: another version's fields need not parse as this one's."""
+    raw = bytearray(serialize_message(request()))
+    raw[4:8] = (3).to_bytes(4, 'little')
+    with pytest.raises(ProtocolError, match='version must be 4, got 3'):
+        decode_request(bytes(raw))
+    assert decode_request_key(bytes(raw)) == KEY
+
+
+KEY_BYTES = b'k' * 32
+
+
+@pytest.mark.parametrize('side', ['request', 'answer'])
+def test_with_a_fleet_key_only_signed_messages_are_taken(side):
+    msg = request() if side == 'request' else answer()
+    decode = decode_request if side == 'request' else decode_chunk
+    with pytest.raises(SignatureError, match='not signed with the fleet key'):
+        decode(serialize_message(msg), KEY_BYTES)
+    signed = seal(msg, KEY_BYTES)
+    assert decode(signed, KEY_BYTES).key == KEY
+    assert decode(signed).key == KEY, 'without a key, signatures are not read'
+    with pytest.raises(SignatureError, match='bad fleet key signature'):
+        decode(signed, b'x' * 32)
+    tampered = deserialize_message(signed, type(msg))      # the signature of another message's bytes
+    tampered.key.request_id += 1
+    with pytest.raises(SignatureError, match='bad fleet key signature'):
+        decode(serialize_message(tampered), KEY_BYTES)
+    with pytest.raises(SignatureError, match='bad fleet key signature'):
+        decode(deserialize_message(signed, type(msg)), KEY_BYTES)   # only the bytes received can be checked
+    if side == 'answer':        # an answer's signature never passes for a request's, nor the reverse
+        copied = request()
+        copied.signature = deserialize_message(signed, ActionChunk).signature
+        with pytest.raises(SignatureError):
+            decode_request(serialize_message(copied), KEY_BYTES)
+
+
+def test_heartbeats_are_numbered_and_with_a_key_signed():
+    beat = encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2, 7, KEY_BYTES)
+    assert decode_heartbeat(beat, KEY_BYTES) == ('run1', 7)
+    assert decode_heartbeat(encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2, 7)) == ('run1', 7)
+    for forged in (encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2, 7),
+                   encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2, 7, b'x' * 32)):
+        with pytest.raises(SignatureError):
+            decode_heartbeat(forged, KEY_BYTES)
+    beat.values[2].value = '8'          # a later beat number under an earlier beat's signature
+    with pytest.raises(SignatureError):
+        decode_heartbeat(beat, KEY_BYTES)
+
+
+def test_a_heartbeat_without_a_beat_number_is_read_but_never_signed():
+    beat = encode_heartbeat('/vla_policy_server', 'run1', 0.1, 2)
+    beat.values = [kv for kv in beat.values if kv.key != 'beat']
+    assert decode_heartbeat(beat) == ('run1', None)
+    with pytest.raises(SignatureError):
+        decode_heartbeat(beat, KEY_BYTES)

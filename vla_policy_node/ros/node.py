@@ -158,7 +158,8 @@ class PolicyWiring:
             return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
                                          remote_deadline(settings, self._sim_time()),
                                          self.get_logger().warning, settings.remote_server_timeout,
-                                         self.get_logger().info)
+                                         self.get_logger().info, settings.chunking.horizon,
+                                         settings.remote_fleet_key)
         policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 

@@ -102,6 +102,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('remote.server_timeout', 0.5, 'Seconds without a heartbeat after which a policy '
               'server counts as lost: its request in flight fails at once and the next goes to '
               'another live server. Above the servers\' heartbeat_period (0.1 s).', bounds=(0.05, 10.0)),
+    ParamSpec('remote.fleet_key_file', '', 'File holding the fleet key shared with the policy servers '
+              '(at least 16 bytes, not readable by every user; e.g. openssl rand -hex 32): requests are '
+              'signed with it (HMAC-SHA256) and only signed answers and heartbeats are taken. Empty: no '
+              'key (answers are bound to the server\'s publisher and to the request\'s digest).'),
     ParamSpec('checkpoint', '', 'Checkpoint folder to load; empty builds the tiny model with '
               'RANDOM weights, which starts only with allow_random_weights.'),
     ParamSpec('allow_random_weights', False, 'Let the tiny model with random weights (empty '

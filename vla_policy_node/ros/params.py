@@ -16,7 +16,7 @@ under a running controller would silently redirect or replace the policy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import re
 from typing import Any
 
@@ -33,6 +33,7 @@ from vla_policy_node.ros.command_groups import check_group_names, command_groups
 from vla_policy_node.ros.param_specs import (  # noqa: F401 (re-exported: the names of ros.params)
     _type_name, all_specs, CAMERA_TRANSPORTS, command_group_specs, DTYPES, INFERENCE, ParameterError, PARAMETERS,
     ParamSpec, ROS_NODE_PARAMETERS, SPECS)
+from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class NodeSettings(PolicySettings):
     inference: str = 'local'
     remote_servers: tuple[str, ...] = ('/vla_policy_server',)   # remote.server, then remote.servers
     remote_server_timeout: float = 0.5
+    remote_fleet_key: bytes | None = field(default=None, repr=False)     # read from remote.fleet_key_file
 
 
 def _check_device(device: str) -> None:
@@ -166,6 +168,12 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
                                  "fully qualified node name, e.g. '/vla_policy_server'")
     if remote and len(set(servers)) != len(servers):
         raise ParameterError(f"parameter 'remote.servers' lists a server twice: {list(servers)}")
+    fleet_key = None
+    if remote and values['remote.fleet_key_file']:
+        try:
+            fleet_key = load_fleet_key(values['remote.fleet_key_file'])
+        except FleetKeyError as error:
+            raise ParameterError(f"parameter 'remote.fleet_key_file': {error}") from error
     if not remote and not values['checkpoint'] and not values['allow_random_weights']:
         raise ParameterError(
             "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
@@ -272,6 +280,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
         inference=values['inference'],
         remote_servers=servers,
         remote_server_timeout=values['remote.server_timeout'],
+        remote_fleet_key=fleet_key,
     )
 
 

@@ -16,8 +16,12 @@ A robot has at most one request queued: a newer one replaces it (the older obser
 only be stale by the time it ran). A request whose wait plus one batch (the last one's time)
 passes its robot's ``deadline`` is dropped unserved: its robot measures the deadline from
 sending, before the server received it, so it will have given up before the answer comes. An
-overloaded server so spends nothing on answers nobody will take. At most ``max_queued`` robots wait at once; a request
-beyond that is answered at once with a fault, so a flood of robots cannot exhaust memory. A
+overloaded server so spends nothing on answers nobody will take. Memory is bounded by bytes:
+the requests waiting and those being served (decoded images, state, guidance) hold at most
+``max_queued_bytes``; past it the largest waiting request (the oldest of equals) is refused
+with a fault naming the budget, so a robot sending huge frames loses its own request first
+and a burst's memory is returned once it is served. At most ``max_queued`` requests wait at
+once (more are refused the same way). A
 batch that raises runs again one request at a time, so a malformed observation faults only
 its own robot; an answer that cannot be sent is counted and the others still go out. The
 server has no per-robot state between requests: each pass rebuilds the cache from the
@@ -28,6 +32,7 @@ observations, so an episode reset on a robot needs nothing here. Every safety de
 from __future__ import annotations
 
 from collections.abc import Callable
+import ctypes
 from dataclasses import dataclass, replace
 import threading
 import time
@@ -39,7 +44,9 @@ from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED
 
 SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
-                   'refused_requests', 'answer_errors', 'expired_requests')
+                   'refused_requests', 'answer_errors', 'expired_requests', 'budget_refusals')
+MIB = 1 << 20
+TRIM_BYTES = 64 * MIB       # after a batch this large, free heap memory goes back to the system
 
 
 @dataclass(frozen=True)
@@ -47,10 +54,11 @@ class ServedRequest:
     """
     One robot's request, as the server received it.
 
-    client: the robot's unique name; reply_to: what its answer must carry back (returned as it
-    came, never interpreted here). observation: images {camera: (H, W, 3) uint8}, state (D,),
-    task. deadline: seconds its robot waits for the answer (None: no bound here). received_at:
-    the server's clock on arrival (set by ``submit``).
+    client: who queues it (one request per client waits: a newer one replaces it); reply_to:
+    what its answer must carry back (returned as it came, never interpreted here). observation:
+    images {camera: (H, W, 3) uint8}, state (D,), task. deadline: seconds its robot waits for
+    the answer (None: no bound here). received_at: the server's clock on arrival and nbytes:
+    the memory it holds (both set by ``submit``).
     """
 
     client: str
@@ -59,6 +67,7 @@ class ServedRequest:
     rtc: RTCGuidance | None
     deadline: float | None = None
     received_at: float = 0.0
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,11 +90,12 @@ class ServedChunk:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How long a first request on an idle server waits for company, the largest batch, the most waiting."""
+    """How long a first request on an idle server waits for company, the largest batch, the most held."""
 
     window: float = 0.0         # seconds; 0: continuous, an idle server starts at once
     max_batch: int = 16
     max_queued: int = 256
+    max_queued_bytes: int = 1024 * MIB   # requests waiting or being served
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.window <= 1.0):
@@ -94,6 +104,8 @@ class BatchConfig:
             raise ValueError(f'max_batch must be >= 1, got {self.max_batch}')
         if self.max_queued < self.max_batch:
             raise ValueError(f'max_queued must be >= max_batch ({self.max_batch}), got {self.max_queued}')
+        if self.max_queued_bytes < MIB:
+            raise ValueError(f'max_queued_bytes must be >= 1 MiB, got {self.max_queued_bytes}')
 
 
 class BatchServer:
@@ -107,6 +119,7 @@ class BatchServer:
         self._clock = clock
         self._condition = threading.Condition()
         self._queue: dict[str, ServedRequest] = {}     # client -> its newest request, arrival order
+        self._held_bytes = 0        # of the requests waiting and being served
         self._stopping = False
         self._counters = dict.fromkeys(SERVER_COUNTERS, 0)
         self._batched_requests = 0
@@ -125,24 +138,40 @@ class BatchServer:
         return self._thread.is_alive()
 
     def submit(self, request: ServedRequest) -> None:
-        """Queue a request; it replaces one of the same client still waiting, or is refused when full."""
-        request = replace(request, received_at=self._clock())
+        """Queue a request; it replaces one of the same client still waiting; past a bound the largest is refused."""
+        request = replace(request, received_at=self._clock(), nbytes=request_bytes(request))
         with self._condition:
             if self._stopping:
                 return
             self._counters['requests'] += 1
-            full = request.client not in self._queue and len(self._queue) >= self._config.max_queued
-            if full:
-                self._counters['refused_requests'] += 1
-            else:
-                if self._queue.pop(request.client, None) is not None:
-                    self._counters['superseded_requests'] += 1
-                self._queue[request.client] = request
-                self._condition.notify()
-        if full:
-            self._deliver(ServedChunk(request, None, FAULT_RAISED,
-                                      f'server overloaded: {self._config.max_queued} robots already wait',
-                                      0.0, 0.0, 0))
+            refused = self._admit(request)
+            self._condition.notify()
+        for victim, why in refused:
+            self._deliver(ServedChunk(victim, None, FAULT_RAISED, why, 0.0, 0.0, 0))
+
+    def _admit(self, request: ServedRequest) -> list[tuple[ServedRequest, str]]:
+        """Queue ``request``, then refuse requests until the bounds hold (lock held); return the refused."""
+        config = self._config
+        if request.client not in self._queue and len(self._queue) >= config.max_queued:
+            self._counters['refused_requests'] += 1
+            return [(request, f'server overloaded: {config.max_queued} robots already wait')]
+        superseded = self._queue.pop(request.client, None)
+        if superseded is not None:
+            self._counters['superseded_requests'] += 1
+            self._held_bytes -= superseded.nbytes
+        self._queue[request.client] = request
+        self._held_bytes += request.nbytes
+        refused = []
+        while self._held_bytes > config.max_queued_bytes and self._queue:
+            victim = max(self._queue.values(), key=lambda r: (r.nbytes, -r.received_at))
+            del self._queue[victim.client]
+            self._held_bytes -= victim.nbytes
+            refused.append((victim, f'server memory budget: this request holds {victim.nbytes / MIB:.1f} MiB and '
+                                    f'the requests held would pass max_queued_bytes '
+                                    f'({config.max_queued_bytes / MIB:.0f} MiB); the largest is refused first'))
+        self._counters['refused_requests'] += len(refused)
+        self._counters['budget_refusals'] += len(refused)
+        return refused
 
     def stop(self, timeout: float) -> bool:
         """Stop after the running batch; True when the thread has finished."""
@@ -160,6 +189,12 @@ class BatchServer:
             return len(self._queue)
 
     @property
+    def held_bytes(self) -> int:
+        """Return the bytes the requests waiting and being served hold."""
+        with self._condition:
+            return self._held_bytes
+
+    @property
     def stats(self) -> dict[str, Any]:
         """Return counters, mean and largest batch size, and queue wait (mean, p95) in seconds."""
         with self._condition:
@@ -172,23 +207,40 @@ class BatchServer:
                     if len(waits) else (float('nan'), float('nan'))}
 
     def _run(self) -> None:
-        while True:
-            with self._condition:
-                self._condition.wait_for(lambda: self._stopping or self._queue)
-                if self._stopping:
-                    return
-                first = next(iter(self._queue.values()))
-                self._condition.wait_for(
-                    lambda: self._stopping or len(self._queue) >= self._config.max_batch,
-                    timeout=max(0.0, first.received_at + self._config.window - self._clock()))
-                if self._stopping:
-                    return
-                self._drop_hopeless()
-                taken = list(self._queue.values())[:self._config.max_batch]
-                for request in taken:
-                    del self._queue[request.client]
-            for group in _compatible_groups(taken):
-                self._serve(group)
+        # No request may stay bound to a local of this loop while it waits for the next batch:
+        # its frames would stay resident after being served (a burst's memory never returned).
+        while self._serve_all(self._next_batch()):
+            pass
+
+    def _next_batch(self) -> list[ServedRequest] | None:
+        """Wait for requests (and the window) and take a batch of them; None when stopping."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._stopping or self._queue)
+            if self._stopping:
+                return None
+            first = next(iter(self._queue.values()))
+            self._condition.wait_for(
+                lambda: self._stopping or len(self._queue) >= self._config.max_batch,
+                timeout=max(0.0, first.received_at + self._config.window - self._clock()))
+            if self._stopping:
+                return None
+            self._drop_hopeless()
+            taken = list(self._queue.values())[:self._config.max_batch]
+            for request in taken:
+                del self._queue[request.client]
+            return taken
+
+    def _serve_all(self, batch: list[ServedRequest] | None) -> bool:
+        """Serve a batch, one pass per group that can share one; False when stopping."""
+        if batch is None:
+            return False
+        large = sum(r.nbytes for r in batch) >= TRIM_BYTES
+        for group in _compatible_groups(batch):
+            self._serve(group)
+        del batch, group
+        if large:
+            _trim_heap()
+        return True
 
     def _drop_hopeless(self) -> None:
         """
@@ -207,7 +259,7 @@ class BatchServer:
         kept = {r.client for r in hopeful}
         hopeless = [client for client in self._queue if client not in kept]
         for client in hopeless:
-            del self._queue[client]
+            self._held_bytes -= self._queue.pop(client).nbytes
         self._counters['expired_requests'] += len(hopeless)
 
     def _serve(self, batch: list[ServedRequest]) -> None:
@@ -236,6 +288,8 @@ class BatchServer:
         for request, wait, (chunk, fault, text) in zip(batch, waits, answers):
             self._deliver(ServedChunk(request, None if fault else chunk, fault, text, wait, compute,
                                       len(batch)))
+        with self._condition:
+            self._held_bytes -= sum(r.nbytes for r in batch)
 
     def _deliver(self, answer: ServedChunk) -> None:
         """Hand one answer on; a failure to send it must not stop serving the others."""
@@ -248,6 +302,29 @@ class BatchServer:
     def _count_fault(self) -> None:
         with self._condition:
             self._counters['batch_faults'] += 1
+
+
+def _trim_heap() -> None:
+    """
+    Give the C heap's free memory back to the system (glibc's malloc_trim; elsewhere nothing).
+
+    Large frames pass through buffers of the middleware and the preprocessing whose freed
+    memory glibc keeps for reuse: without this a burst of large requests stays resident.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
+def request_bytes(request: ServedRequest) -> int:
+    """Return the memory a request holds: its decoded images, state and guidance, and its task."""
+    observation = request.observation
+    arrays = [*(observation.get('images') or {}).values(), observation.get('state')]
+    if request.rtc is not None:
+        arrays.append(request.rtc.prefix)
+    task = observation.get('task')
+    return sum(np.asarray(a).nbytes for a in arrays if a is not None) + (len(task) if isinstance(task, str) else 0)
 
 
 def _judge(chunk: np.ndarray) -> tuple[str | None, str]:

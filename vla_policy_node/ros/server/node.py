@@ -17,24 +17,40 @@ after its deadline) when it is malformed but its key (robot, session, ids, obser
 can still be read, when its joint names are not the server's ``joint_names`` (in order: actions would drive
 the wrong joints), or when it sends a camera the server's ``camera_names`` does not list. A
 robot sending fewer cameras is served with the missing ones masked, as the node does, and
-logged once per robot.
+logged once per session. Every answer carries the digest of the exact request bytes it
+answers and exactly the ``horizon`` steps the robot asked for.
+
+A robot's session is served only from the DDS publisher it started with
+(``server/sessions.py``): a copy of its request re-published by another participant (a forged
+state under its key) is dropped unanswered and counted (``foreign_requests``). Requests queue
+one per publisher, so requests under a robot's name from another session never replace the
+robot's own. Memory is bounded by bytes (``batch.max_queued_mib``, ``server/batching.py``). With
+``fleet_key_file``, only signed requests are served and answers and heartbeats are signed.
 
 Parameters: the policy ones of ``vla_policy_node`` (``checkpoint``, ``allow_random_weights``,
 ``device``, ``dtype``, ``tiny_model.*``, ``camera_names``, ``joint_names``, ...; the same
-parameter file works) and ``batch.window``, ``batch.max_size``, ``heartbeat_period``.
+parameter file works) and ``batch.window``, ``batch.max_size``, ``batch.max_queued_mib``,
+``heartbeat_period``, ``fleet_key_file``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import atexit
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+import os
 import secrets
+import tempfile
+import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 import numpy as np
 from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.node import Node
 
-from vla_policy_node.server.batching import BatchConfig, BatchServer, ServedChunk, ServedRequest
+from vla_policy_node.server.batching import BatchConfig, BatchServer, MIB, ServedChunk, ServedRequest
+from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key, request_digest
+from vla_policy_node.server.sessions import SessionTable
 from vla_policy_node.control.inference import FAULT_RAISED
 from vla_policy_node.runtime.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
@@ -44,7 +60,9 @@ from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_request, decode_request_key,
                                                  encode_chunk, encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError,
-                                                 REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, WireRequest)
+                                                 REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, seal, SignatureError,
+                                                 WireRequest)
+from vla_policy_node.ros.server.senders import subscribe
 
 NODE_NAME = 'vla_policy_server'
 POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
@@ -58,8 +76,14 @@ SERVER_PARAMETERS = (
     ParamSpec('batch.max_size', 16, 'Most requests in one batch. With cuda_graphs or compile, graphs or '
               'programs are built in the warm-up for batches of 1, 2, 4, ... and this size; a batch '
               'runs padded to the smallest that holds it.', bounds=(1, MAX_ROBOTS)),
+    ParamSpec('batch.max_queued_mib', 1024, 'MiB the requests waiting and being served may hold (decoded '
+              'images included); past it the largest waiting request is refused with a fault.',
+              bounds=(1, 1 << 20)),
     ParamSpec('heartbeat_period', 0.1, 'Seconds between heartbeats on ~/heartbeat; robots count the '
               'server lost after their remote.server_timeout without one.', bounds=(0.01, 5.0)),
+    ParamSpec('fleet_key_file', '', 'File holding the fleet key shared with the robots (their '
+              'remote.fleet_key_file): only requests signed with it are served, answers and heartbeats '
+              'are signed. Empty: no key.'),
 )
 NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
                           ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
@@ -72,7 +96,9 @@ class ServerSettings(PolicySettings):
     diagnostics_period: float
     batch_window: float
     batch_max_size: int
+    batch_max_queued_mib: int
     heartbeat_period: float
+    fleet_key: bytes | None = field(default=None, repr=False)
     chunking: ChunkingSettings = NO_RTC     # robots choose blending; compile stays allowed
 
 
@@ -97,6 +123,10 @@ def declare_server_parameters(node: Node) -> ServerSettings:
     for name in ('camera_names', 'joint_names'):
         if not values[name] or len(set(values[name])) != len(values[name]):
             raise ParameterError(f"parameter '{name}' must list distinct names")
+    try:
+        fleet_key = load_fleet_key(values['fleet_key_file']) if values['fleet_key_file'] else None
+    except FleetKeyError as error:
+        raise ParameterError(f"parameter 'fleet_key_file': {error}") from error
     return ServerSettings(
         checkpoint=values['checkpoint'], allow_random_weights=values['allow_random_weights'],
         checkpoint_root=values['checkpoint_root'], device=values['device'],
@@ -108,7 +138,17 @@ def declare_server_parameters(node: Node) -> ServerSettings:
         camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
         diagnostics_period=values['diagnostics_period'],
         batch_window=values['batch.window'], batch_max_size=values['batch.max_size'],
-        heartbeat_period=values['heartbeat_period'])
+        batch_max_queued_mib=values['batch.max_queued_mib'], heartbeat_period=values['heartbeat_period'],
+        fleet_key=fleet_key)
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What an answer must carry back: the request's key and digest, and the steps it asked for."""
+
+    key: RequestKey
+    digest: bytes
+    horizon: int
 
 
 class PolicyServerNode(Node):
@@ -120,15 +160,17 @@ class PolicyServerNode(Node):
         self._policy = make_policy(self._settings, self.get_logger().info, self.get_logger().warning,
                                    batch_sizes=batch_buckets(self._settings.batch_max_size))
         self._bad_requests = 0
-        self._masked_cameras_logged: set[str] = set()
+        self._foreign_requests = 0
+        self._sessions = SessionTable()
+        self._beat_number = 0
         self._troubles_reported = 0
         self._chunks = self.create_publisher(ANSWER_TYPE, f'~/{CHUNKS_TOPIC}', REMOTE_FLEET_QOS)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         self._server = BatchServer(self._policy, self._answer, BatchConfig(
-            self._settings.batch_window, self._settings.batch_max_size, MAX_ROBOTS))
+            self._settings.batch_window, self._settings.batch_max_size, MAX_ROBOTS,
+            self._settings.batch_max_queued_mib * MIB))
         # Raw: decode_request deserializes, so bytes that are not a request are refused, not raised.
-        self.create_subscription(REQUEST_TYPE, f'~/{REQUESTS_TOPIC}', self._on_request,
-                                 REMOTE_FLEET_QOS, raw=True)
+        subscribe(self, REQUEST_TYPE, f'~/{REQUESTS_TOPIC}', self._on_request, REMOTE_FLEET_QOS, raw=True)
         self.create_timer(self._settings.diagnostics_period, self._publish_diagnostics)
         self._instance = secrets.token_hex(8)
         self._heartbeats = self.create_publisher(DiagnosticStatus, f'~/{HEARTBEAT_TOPIC}', HEARTBEAT_QOS)
@@ -143,19 +185,39 @@ class PolicyServerNode(Node):
         """Tell robots this server runs (only while its batching thread does)."""
         if self._server.alive:
             self._heartbeats.publish(encode_heartbeat(self.get_fully_qualified_name(), self._instance,
-                                                      self._settings.heartbeat_period, self._server.queued))
+                                                      self._settings.heartbeat_period, self._server.queued,
+                                                      self._beat_number, self._settings.fleet_key))
+            self._beat_number += 1
 
-    def _on_request(self, msg: bytes) -> None:
+    def _on_request(self, msg: bytes, sender: bytes | None) -> None:
+        digest = request_digest(msg)
+        budget = self._settings.batch_max_queued_mib * MIB
         try:
-            request = decode_request(msg)
-            problem = self._mismatch(request)
-        except ProtocolError as error:
-            request, problem = None, f'malformed request: {error}'
-        if problem is not None:
-            self._refuse(msg, request, problem)
+            if len(msg) > budget:
+                raise ProtocolError(f'{len(msg)} bytes, more than batch.max_queued_mib ({budget // MIB} MiB)')
+            request = decode_request(msg, self._settings.fleet_key)
+        except SignatureError as error:     # not of the fleet: nobody to answer
+            self._bad_requests += 1
+            self.get_logger().warning(f'request refused: {error}', throttle_duration_sec=2.0)
             return
-        self._server.submit(ServedRequest(request.key.robot, request.key, request.observation, request.rtc,
-                                          request.deadline))
+        except ProtocolError as error:
+            self._refuse(msg, None, f'malformed request: {error}', digest, sender)
+            return
+        key = request.key
+        if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
+            self._foreign_requests += 1
+            self.get_logger().warning(
+                f'dropped a request under {key.robot} (session {key.session[:8]}) from a publisher other than '
+                'the one that session started with', throttle_duration_sec=5.0)
+            return
+        problem = self._mismatch(request)
+        if problem is not None:
+            self._refuse(msg, request, problem, digest, sender)
+            return
+        # One request waits per publisher: another's requests under this robot's name never replace its own.
+        client = sender.hex() if sender else f'{key.robot}\0{key.session}'
+        self._server.submit(ServedRequest(client, _Reply(key, digest, request.horizon), request.observation,
+                                          request.rtc, request.deadline))
 
     def _mismatch(self, request: WireRequest) -> str | None:
         """Why this server must not serve the request's robot, or None."""
@@ -167,28 +229,39 @@ class PolicyServerNode(Node):
         if unknown:
             return f'cameras {unknown} are not in the server\'s camera_names {list(settings.camera_names)}'
         missing = sorted(set(settings.camera_names) - set(request.observation['images']))
-        if missing and request.key.robot not in self._masked_cameras_logged:
-            self._masked_cameras_logged.add(request.key.robot)
+        if missing and self._sessions.note_once(request.key.robot, request.key.session):
             self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
         return None
 
-    def _refuse(self, msg: bytes, request: WireRequest | None, problem: str) -> None:
-        """Count and log a refused request; answer it with the reason where its key can be read."""
+    def _refuse(self, msg: bytes, request: WireRequest | None, problem: str, digest: bytes,
+                sender: bytes | None) -> None:
+        """
+        Count and log a refused request; answer it with the reason where its key can be read.
+
+        Not answered: one under a session another publisher started.
+        """
         self._bad_requests += 1
         self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)
         try:
             key = request.key if request is not None else decode_request_key(msg)
         except ProtocolError:
             return              # not even a key: nobody to answer
-        self._publish_answer(key, None, FAULT_RAISED, f'request refused: {problem}')
+        if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
+            return
+        self._publish_answer(_Reply(key, digest, 0), None, FAULT_RAISED, f'request refused: {problem}')
 
     def _answer(self, served: ServedChunk) -> None:
-        self._publish_answer(served.request.reply_to, served.chunk, served.fault, served.error,
+        reply, chunk, fault, error = served.request.reply_to, served.chunk, served.fault, served.error
+        if chunk is not None and len(chunk) < reply.horizon:
+            chunk, fault, error = None, FAULT_RAISED, (f'the policy\'s chunk has {len(chunk)} steps, the robot asks '
+                                                       f'for {reply.horizon} (its chunking.horizon)')
+        self._publish_answer(reply, None if chunk is None else chunk[:reply.horizon], fault, error,
                              served.queue_wait, served.compute, served.batch_size)
 
-    def _publish_answer(self, key: RequestKey, chunk: np.ndarray | None, fault: str | None, error: str,
+    def _publish_answer(self, reply: _Reply, chunk: np.ndarray | None, fault: str | None, error: str,
                         queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> None:
-        self._chunks.publish(encode_chunk(key, chunk, fault, error, queue_wait, compute, batch_size))
+        self._chunks.publish(seal(encode_chunk(reply.key, reply.digest, chunk, fault, error, queue_wait, compute,
+                                               batch_size), self._settings.fleet_key))
 
     @property
     def serving(self) -> bool:
@@ -199,6 +272,8 @@ class PolicyServerNode(Node):
         stats = self._server.stats
         policy = self._policy.stats
         values = {**stats['counters'], 'bad_requests': self._bad_requests,
+                  'foreign_requests': self._foreign_requests, 'sessions': len(self._sessions),
+                  'queued_mib': f'{self._server.held_bytes / MIB:.1f}',
                   'mean_batch_size': f"{stats['mean_batch_size']:.3f}",
                   'max_batch_size': stats['max_batch_size'],
                   'queue_wait_mean_ms': f"{stats['queue_wait'][0] * 1e3:.2f}",
@@ -230,4 +305,44 @@ class PolicyServerNode(Node):
 
 def main() -> int:
     """Run the server until SIGINT/SIGTERM; exit 1 on a configuration error (``ros.process.run_until_signal``)."""
+    release_reader_memory(os.environ)
     return run_until_signal(PolicyServerNode, lambda node: node.serving, NODE_NAME)
+
+
+# rmw_fastrtps keeps each reader's sample buffers for reuse (PREALLOCATED_WITH_REALLOC): after a
+# burst of large requests the server would hold a few frames' worth for good. Its readers free
+# them instead (DYNAMIC); writers keep rmw_fastrtps' defaults. ROS QoS set in code still apply.
+FASTDDS_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
+<dds xmlns="http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles">
+  <profiles>
+    <data_writer profile_name="vla_policy_server writers" is_default_profile="true">
+      <qos><publishMode><kind>ASYNCHRONOUS</kind></publishMode></qos>
+      <historyMemoryPolicy>PREALLOCATED_WITH_REALLOC</historyMemoryPolicy>
+    </data_writer>
+    <data_reader profile_name="vla_policy_server readers" is_default_profile="true">
+      <historyMemoryPolicy>DYNAMIC</historyMemoryPolicy>
+    </data_reader>
+  </profiles>
+</dds>
+"""
+FASTDDS_SETTINGS = ('FASTDDS_DEFAULT_PROFILES_FILE', 'FASTRTPS_DEFAULT_PROFILES_FILE', 'RMW_FASTRTPS_USE_QOS_FROM_XML')
+
+
+def release_reader_memory(environ: MutableMapping[str, str]) -> str | None:
+    """
+    Make Fast DDS free the server's received samples once taken; return the profile file, or None.
+
+    Only with rmw_fastrtps and when the user configures none of it (their profile wins); must run
+    before the first node is created.
+    """
+    if environ.get('RMW_IMPLEMENTATION', 'rmw_fastrtps_cpp') not in ('rmw_fastrtps_cpp', 'rmw_fastrtps_dynamic_cpp'):
+        return None
+    if any(name in environ for name in FASTDDS_SETTINGS):
+        return None
+    handle, path = tempfile.mkstemp(prefix='vla_policy_server_fastdds_', suffix='.xml')
+    with os.fdopen(handle, 'w') as profile:
+        profile.write(FASTDDS_PROFILE)
+    atexit.register(os.remove, path)
+    environ.update(FASTDDS_DEFAULT_PROFILES_FILE=path, FASTRTPS_DEFAULT_PROFILES_FILE=path,
+                   RMW_FASTRTPS_USE_QOS_FROM_XML='1')
+    return path
