@@ -48,7 +48,7 @@ class ModelController:
         self.sent_while_faulty = 0
 
     def send(self, points: np.ndarray, now: float, wall: float) -> None:
-        """The loop's sink: a goal of points (T, J), point i due (i + 1) periods on."""
+        """Take a goal of points (T, J) from the loop's sink, point i due (i + 1) periods on."""
         self.next_id += 1
         self.answers.sent(self.next_id, now, wall, DT, len(points) * DT)
         self.sent_while_faulty += self.mode != 'follow'
@@ -86,7 +86,7 @@ class ModelController:
         self.runs += 1
 
     def move(self, now: float, wall: float) -> None:
-        """The joints at ``now`` along the running trajectory; it succeeds once its last point is due."""
+        """Move the joints to ``now`` along the running trajectory; it succeeds once its last point is due."""
         if self.running is None:
             return
         goal, start, origin, points = self.running

@@ -237,12 +237,12 @@ class ModelArm:
 
 
 def assert_goals_run_step_from_the_joints(arm: ModelArm, since: float) -> int:
-    """The first arm goal run since ``since`` starts within max_step of the still joints, none walked; how many ran."""
+    """Check the first arm goal run since ``since`` starts within max_step of the still joints, none walked; count."""
     runs = arm.ran_since('arm', since)
     for index, (_, _, joints, first) in enumerate(runs):
         jump = float(np.max(np.abs(first - joints)))
-        assert jump <= (MAX_STEP + 1e-9 if index == 0 else WALK), f'goal {index} run after the fault starts {jump:.3f} ' \
-            'from the joints'
+        limit = MAX_STEP + 1e-9 if index == 0 else WALK
+        assert jump <= limit, f'goal {index} run after the fault starts {jump:.3f} from the joints'
     return len(runs)
 
 

@@ -167,7 +167,7 @@ def test_conversions_do_not_import_torch():
 
 
 def test_an_instruction_is_read_from_the_wire_whole_or_refused():
-    """rclpy's C conversion cuts a string at a NUL: the node reads the serialized bytes instead."""
+    """The node reads the serialized bytes: rclpy's C conversion cuts a string at a NUL."""
     from rclpy.serialization import serialize_message
     from std_msgs.msg import String
     from vla_policy_node.ros.conversions import instruction_from_cdr

@@ -76,7 +76,8 @@ def test_any_joint_state_merges_or_is_refused(names, values):
 
 
 @FAST
-@given(text=st.text(max_size=300) | st.sampled_from(['', '   ', 'pick\x00up', 'pick \u202epu', 'a\u200db', 'a' * 5000, '\ud800 lone', 'ok']))
+@given(text=st.text(max_size=300) | st.sampled_from(['', '   ', 'pick\x00up', 'pick \u202epu', 'a\u200db', 'a' * 5000,
+                                                    '\ud800 lone', 'ok']))
 def test_any_instruction_is_accepted_clean_or_refused(text):
     try:
         clean = instruction_text(text, 2000)

@@ -83,13 +83,13 @@ class GoalAnswers:
         self.unanswered: list[int] = []                 # given up since the last look (for the record)
 
     def sent(self, goal: int, now: float, wall: float, first_due: float, duration: float) -> None:
-        """A goal left at ``now`` (loop clock; ``wall``: monotonic); its points are due ``first_due`` to ``duration`` on."""
+        """Note a goal that left at ``now`` (loop clock; ``wall``: monotonic), points due first_due..duration on."""
         self._pending[goal] = _Sent(now, wall, first_due, duration)
         self._late = False
         self._counters['command_goals_sent'] += 1
 
     def responded(self, goal: int, accepted: bool, wall: float) -> bool:
-        """The controller answered a goal request; True when it accepted a goal given up already (cancel it)."""
+        """Take the answer to a goal request; True when it accepts a goal given up already (cancel it)."""
         sent = self._pending.pop(goal, None)
         self._probing = False
         if not accepted:
@@ -103,7 +103,7 @@ class GoalAnswers:
 
     def finished(self, goal: int, outcome: Outcome, now: float, wall: float, stalled: bool = False,
                  detail: str = '') -> None:
-        """A goal the controller accepted ended; ``stalled``: a gripper holding what it grasps; ``detail``: why."""
+        """Take how an accepted goal ended; ``stalled``: a gripper holding what it grasps; ``detail``: why."""
         sent = self._running.pop(goal, None)
         ran = outcome == Outcome.CANCELED or stalled       # preempted by the next goal, or holding a grasp
         if outcome == Outcome.ABORTED and not stalled:

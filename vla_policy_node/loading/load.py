@@ -156,7 +156,8 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
     generation: Optional[generations.Generation] = None
     if openpi_layout:
         openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
-        state_norm, action_norm = openpi.openpi_normalizers(folder, ckpt.config_value(config, "pi05", bool, False, "config.json"))
+        is_pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
+        state_norm, action_norm = openpi.openpi_normalizers(folder, is_pi05)
         image_size = (tiny or {}).get("image_size", 224)
         config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
         tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],

@@ -145,7 +145,7 @@ def _camera_renames(config: dict) -> dict[str, str]:
 
 
 def _enabled(step_config: dict, where: str) -> bool:
-    """A step's ``enabled`` flag, a JSON boolean (the string "false" would read as on)."""
+    """Return a step's ``enabled`` flag, a JSON boolean (the string "false" would read as on)."""
     value = step_config.get("enabled", False)
     if not isinstance(value, bool):
         raise ProcessorError(f"{where}: enabled must be true or false (a JSON boolean), got "

@@ -35,7 +35,7 @@ class ActionOutput:
 
     def __init__(self, node: Node, action: type, name: str, group: str, counters: dict[str, int],
                  record: Any, now: Callable[[], float], wall: Callable[[], float]) -> None:
-        """``record``: the ``~/command_goals`` publisher (None: none); ``now``: the node's clock; ``wall``: monotonic."""
+        """``record``: the ``~/command_goals`` publisher (None: none); ``now``: the node clock; ``wall``: monotonic."""
         self._action, self._group = action, group
         self.client = ActionClient(node, action, name)
         self.action_name = node.resolve_topic_name(name)
@@ -107,7 +107,7 @@ class ActionOutput:
 
 
 def gripper_trajectory(joint: str, position: float, max_effort: float, dt: float) -> JointTrajectory:
-    """The record of a GripperCommand goal: one point, its position and max effort, due one period on."""
+    """Return the record of a GripperCommand goal: one point, its position and max effort, due one period on."""
     trajectory = chunk_to_joint_trajectory(np.array([[position]]), [joint], dt)
     trajectory.points[0].effort = [max_effort]
     return trajectory

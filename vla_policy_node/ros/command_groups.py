@@ -36,8 +36,9 @@ A goal the controller did not run (rejected, aborted, unanswered, ended before i
 refuses its group: the loop holds, and the next goal steps from the measured joints
 (``ros/action_outputs.py``). For the actions, the command-link check asks whether the action
 server is there (a topic asks for a subscriber); another action client's goals cannot be seen
-in the graph, so the check for other commanders covers the topics only. control_msgs is imported only when a group uses an
-action (``make setup`` generates it where no ROS 2 distribution provides it).
+in the graph, so the check for other commanders covers the topics only. control_msgs is
+imported only when a group uses an action (``make setup`` generates it where no ROS 2
+distribution provides it).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def instruction_from_cdr(raw: bytes, max_length: int) -> str:
     Decode a serialized ``std_msgs/String`` into a validated instruction (``instruction_text``).
 
     Read from the wire, not through rclpy: its C conversion ends a string at the first NUL, so
-    ``'pick\\x00up'`` from a C++ publisher would silently become ``'pick'``.
+    ``pick<NUL>up`` from a C++ publisher would silently become ``pick``.
     """
     little = _CDR_LITTLE_ENDIAN.get(bytes(raw[:2]))
     if little is None or len(raw) < 8:
