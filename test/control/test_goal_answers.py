@@ -85,6 +85,10 @@ class ModelController:
         self.running = None if given_up else (goal, now, self.joints.copy(), points)   # given up: cancelled at once
         self.runs += 1
 
+    def stop(self) -> None:
+        """Cancel the running goal (the node does, once it refuses the group): the joints stay where they are."""
+        self.running = None
+
     def move(self, now: float, wall: float) -> None:
         """Move the joints to ``now`` along the running trajectory; it succeeds once its last point is due."""
         if self.running is None:
@@ -110,8 +114,10 @@ segment = st.tuples(mode, st.integers(1, 80), st.sampled_from([DT, DT, DT, DT / 
 def run_sequence(segments, points, seed):
     rng = np.random.default_rng(seed)
     counters = dict.fromkeys(COUNTERS, 0)
-    answers = GoalAnswers('/arm_controller/follow_joint_trajectory', counters)
+    stop: list = []
+    answers = GoalAnswers('/arm_controller/follow_joint_trajectory', counters, on_refused=lambda: stop[0]())
     controller = ModelController(answers)
+    stop.append(controller.stop)
     clock = [0.0]
     inference = ScriptedInference()
     loop = ControlLoop(LoopSettings(JOINTS, ('front',), RATE, LIMITS, max_observation_age=0.5, plan_points=points),

@@ -33,6 +33,7 @@ import rclpy  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, OutputProcess, ros_env, wait_until  # noqa: E402
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
+from vla_policy_interfaces.msg import PolicyRequest  # noqa: E402
 
 from vla_policy_node.ros.qos import COMMAND_QOS  # noqa: E402
 from vla_policy_node.sim import PLANAR_CHECKPOINT  # noqa: E402
@@ -73,8 +74,8 @@ def test_ros2_interface_show_expands_the_policy_servers_messages():
                                            'vla_policy_interfaces/msg/ActionChunk'}, package.stdout
     shown = ros2(cli_env(), 'interface', 'show', 'vla_policy_interfaces/msg/PolicyRequest')
     assert shown.returncode == 0, shown.stdout
-    for line in ('uint32 VERSION = 3', 'RequestKey key', '\tfloat64 obs_time', 'CameraFrame[] images',
-                 '\tsensor_msgs/Image image', '\t\tuint8[] data', 'RTCGuidance[<=1] rtc'):
+    for line in (f'uint32 VERSION = {PolicyRequest.VERSION}', 'RequestKey key', '\tfloat64 obs_time',
+                 'CameraFrame[] images', '\tsensor_msgs/Image image', '\t\tuint8[] data', 'RTCGuidance[<=1] rtc'):
         assert line in shown.stdout, f'{line!r} not in\n{shown.stdout}'
 
 

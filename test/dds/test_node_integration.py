@@ -242,6 +242,9 @@ def test_an_instruction_with_a_nul_or_a_bidi_override_is_refused_not_cut(system,
         assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
         probe.publish_instruction(TASK)
         assert wait_until(lambda: node.output.count('episode reset #') >= resets + 2, 5.0), node.output
+        assert wait_until(lambda: probe.state() == 'commanding', 10.0), node.output
+        reports = len(probe.policy_history)     # the next test reads counters of a settled /diagnostics
+        assert wait_until(lambda: len(probe.policy_history) >= reports + 2, 5.0)
 
 
 @pytest.mark.parametrize('mode, stream, log', [

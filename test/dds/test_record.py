@@ -36,6 +36,7 @@ import yaml
 
 from vla_policy_node.replay.bag import read_messages
 from vla_policy_node.replay.cli import replay, settings_from_files
+from vla_policy_node.ros.qos import COMMAND_GOALS_QOS, EPISODE_QOS
 
 pytestmark = pytest.mark.dds
 
@@ -47,11 +48,6 @@ GROUPS = {'commands': {
             'joints': JOINTS[:5]},
     'gripper': {'interface': 'forward_command', 'topic': 'gripper_controller/commands', 'joints': ['gripper']}}}
 RECORD = (sys.executable, '-m', 'vla_policy_node.replay.record')
-# The node's ~/episode and ~/command_goals as the contract with it states them.
-EPISODE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
-GOALS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                       durability=DurabilityPolicy.VOLATILE)
 SENSOR_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.VOLATILE)
 SHM_PROFILE = Path(__file__).resolve().parents[2] / 'config' / 'fastdds_shm.xml'
@@ -74,7 +70,7 @@ class FakeNode:
         rclpy.init(context=self.context, domain_id=domain_id)
         self.node = rclpy.create_node('vla_policy_node', namespace=NAMESPACE, context=self.context)
         self.episodes = self.node.create_publisher(Episode, '~/episode', EPISODE_QOS)
-        self.goals = self.node.create_publisher(CommandGoal, '~/command_goals', GOALS_QOS)
+        self.goals = self.node.create_publisher(CommandGoal, '~/command_goals', COMMAND_GOALS_QOS)
         self.gripper = self.node.create_publisher(Float64MultiArray, 'gripper_controller/commands', SENSOR_QOS)
         self.cameras = [self.node.create_publisher(Image, f'camera/{name}/image_raw', SENSOR_QOS)
                         for name in ('front', 'wrist')]
@@ -126,6 +122,13 @@ class FakeNode:
         statuses = [status for array in list(self.diagnostics) for status in array.status
                     if status.name.startswith('vla_policy_recorder')]
         return {value.key: value.value for value in statuses[-1].values} if statuses else {}
+
+    def recorders_that_wrote(self, topic: str) -> int:
+        """Count the recorders (their bag folders) whose newest /diagnostics says they wrote ``topic``."""
+        newest = {status.name: {value.key: value.value for value in status.values}
+                  for array in list(self.diagnostics) for status in array.status
+                  if status.name.startswith('vla_policy_recorder')}
+        return sum(values.get(f'{topic} written', '0') != '0' for values in newest.values())
 
     def close(self) -> None:
         self.executor.shutdown()
@@ -293,6 +296,7 @@ def test_two_recorders_started_in_the_same_second_in_one_folder_both_record(para
             assert recorder.wait_for_output('recording [', 30.0), recorder.output
         fake.wait_for_recorder()
         fake.episode(Episode.STARTED, 1, 'pick up the cube')
+        assert wait_until(lambda: fake.recorders_that_wrote('/arm/vla_policy_node/episode') == 2, 5.0)
         recorders[1].process.send_signal(signal.SIGTERM)
         assert [recorder.wait(20.0) for recorder in recorders] == [0, 0], recorders[0].output + recorders[1].output
     finally:

@@ -16,8 +16,12 @@ pass without another:
 
 Each refusal in a row without a goal run in between doubles the quiet, up to ``MAX_QUIET_S``:
 a controller that stays off is sent a goal (stepping from the measured joints) every few
-seconds, not every tick, and after a refusal the loop holds again until that first goal is
-answered. While refused the loop holds and the group's joints are *unheard*
+seconds, not every tick, and after a refusal the loop holds again until that first goal has
+run its first point's time without failing (accepted is not enough: an abort comes after).
+A refusal also stops what the controller still runs (``on_refused``: the caller cancels its
+running goals): a controller that refuses the next goal goes on with the last one it took,
+which steps on from a plan the loop has dropped. While refused the loop holds and the group's
+joints are *unheard*
 (``ControlLoop.set_command_link``): the next goal steps from their measured state. So does a
 goal sent while the previous one is not answered yet, or was accepted late
 (:attr:`GoalAnswers.awaiting`): a goal stepping from one not known to run would pile up steps for
@@ -61,6 +65,7 @@ class _Sent:
     wall_sent_at: float
     first_due: float
     duration: float
+    accepted_at: float | None = None       # wall clock
 
 
 class GoalAnswers:
@@ -68,9 +73,14 @@ class GoalAnswers:
 
     def __init__(self, name: str, counters: dict[str, int], warn: Callable[[str], None] = lambda text: None,
                  response_timeout: float = RESPONSE_TIMEOUT_S, quiet: float = QUIET_S,
-                 early: float = EARLY_SUCCESS, checks_timing: bool = True) -> None:
-        """``name``: the controller, for the reasons; ``checks_timing``: an early success is a goal not run."""
-        self._name, self._counters, self._warn = name, counters, warn
+                 early: float = EARLY_SUCCESS, checks_timing: bool = True,
+                 on_refused: Callable[[], None] = lambda: None) -> None:
+        """
+        ``name``: the controller, for the reasons; ``checks_timing``: an early success is a goal not run.
+
+        ``on_refused``: called when a refusal starts, to cancel the goals the controller still runs.
+        """
+        self._name, self._counters, self._warn, self._on_refused = name, counters, warn, on_refused
         self._response_timeout, self._quiet, self._early = response_timeout, quiet, early
         self._checks_timing = checks_timing
         self._pending: dict[int, _Sent] = {}            # sent, not yet answered
@@ -78,7 +88,8 @@ class GoalAnswers:
         self._refused: tuple[str, float] | None = None  # (why, wall time of the last goal not run)
         self._strikes = 0                               # refusals since a goal last ran
         self._late = False                              # the last goal was accepted late
-        self._probing = False                           # the quiet ended: the next goal's answer is awaited
+        self._probing = False                           # the quiet ended: the next goal must show it runs
+        self._probe: int | None = None                  # that goal, once sent
         self._logged: dict[str, float] = {}
         self.unanswered: list[int] = []                 # given up since the last look (for the record)
 
@@ -86,18 +97,20 @@ class GoalAnswers:
         """Note a goal that left at ``now`` (loop clock; ``wall``: monotonic), points due first_due..duration on."""
         self._pending[goal] = _Sent(now, wall, first_due, duration)
         self._late = False
+        if self._probing and self._probe is None:
+            self._probe = goal
         self._counters['command_goals_sent'] += 1
 
     def responded(self, goal: int, accepted: bool, wall: float) -> bool:
         """Take the answer to a goal request; True when it accepts a goal given up already (cancel it)."""
         sent = self._pending.pop(goal, None)
-        self._probing = False
         if not accepted:
             self._refuse('command_goals_rejected', 'rejected a goal', wall)
             return False
         if sent is None:
             return True
         self._late = wall - sent.wall_sent_at > LATE_ACCEPT * sent.first_due
+        sent.accepted_at = wall
         self._running[goal] = sent
         return False
 
@@ -140,16 +153,23 @@ class GoalAnswers:
             self._refused, self._probing = None, True
         if self._refused is not None:
             return f'{self._name} {self._refused[0]}'
-        if self._probing and self._pending:
-            return f'{self._name} has not answered the first goal after it ran none yet: holding'
+        if self._probing and self._probe is not None:
+            probe = self._pending.get(self._probe) or self._running.get(self._probe)
+            if probe is not None and (probe.accepted_at is None or wall - probe.accepted_at < probe.first_due):
+                return f'{self._name} has not run the first goal sent after it ran none yet: holding'
+            self._probing, self._probe = False, None
         return None
 
     def _refuse(self, counter: str, why: str, wall: float) -> None:
         """Refuse the group for ``quiet`` from now; count, and warn now and then."""
         self._counters[counter] += 1
-        if self._refused is None:
+        starts = self._refused is None
+        if starts:
             self._strikes += 1
+        self._probing, self._probe = False, None
         self._refused = (f'{why}: holding; the next goal steps from the measured joints', wall)
         if wall - self._logged.get(counter, -math.inf) >= LOG_PERIOD_S:
             self._logged[counter] = wall
             self._warn(f'{self._name} {why}')
+        if starts:
+            self._on_refused()

@@ -55,8 +55,8 @@ from vla_policy_node.replay.recording_bag import RecordingBag
 from vla_policy_node.ros.command_groups import ACTION_INTERFACES
 from vla_policy_node.ros.compressed import camera_topic
 from vla_policy_node.ros.params import NodeSettings, ParameterError
-from vla_policy_node.ros.qos import (COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, INSTRUCTION_VOLATILE_QOS,
-                                     JOINT_STATES_QOS)
+from vla_policy_node.ros.qos import (COMMAND_GOALS_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, EPISODE_QOS, INSTRUCTION_QOS,
+                                     INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS)
 
 NODE_NAME = 'vla_policy_recorder'
 PROG = 'vla-policy-record'
@@ -68,11 +68,6 @@ DRAIN_QUIET, DRAIN_LIMIT = 0.2, 3.0   # s: after the stop, take delivered messag
 # Best effort (the drivers' sensor QoS) with room for a second of frames: the callback only queues,
 # so the history never fills unless the process stalls.
 RECORD_CAMERA_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=30, reliability=ReliabilityPolicy.BEST_EFFORT,
-                               durability=DurabilityPolicy.VOLATILE)
-# The node's ~/episode (reliable, transient local, 10) and ~/command_goals (reliable, keep last 100).
-EPISODE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
-COMMAND_GOALS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100, reliability=ReliabilityPolicy.RELIABLE,
                                durability=DurabilityPolicy.VOLATILE)
 
 

@@ -42,8 +42,9 @@ class ActionOutput:
         self._record, self._now, self._wall = record, now, wall
         # A gripper reaches a position already held at once: only a trajectory's timing says it was not run.
         self.answers = GoalAnswers(self.action_name, counters, node.get_logger().warning,
-                                   checks_timing=hasattr(action.Result, 'error_code'))
+                                   checks_timing=hasattr(action.Result, 'error_code'), on_refused=self._cancel_running)
         self._next_id = 0
+        self._running: dict[int, Any] = {}         # goal id -> handle of an accepted goal not ended
 
     @property
     def goal_type(self) -> type:
@@ -79,9 +80,17 @@ class ActionOutput:
         if self.answers.responded(goal_id, accepted, self._wall()):
             handle.cancel_goal_async()          # given up: a newer goal from the measured joints stands instead
         elif accepted:
+            self._running[goal_id] = handle
             handle.get_result_async().add_done_callback(lambda result: self._on_result(goal_id, result))
 
+    def _cancel_running(self) -> None:
+        """Cancel every goal the controller still runs: the loop holds, and dropped their plan."""
+        running, self._running = self._running, {}
+        for handle in running.values():
+            handle.cancel_goal_async()
+
     def _on_result(self, goal_id: int, future: Any) -> None:
+        self._running.pop(goal_id, None)
         response = future.result()
         if response is None or response.status not in OUTCOMES:
             return
