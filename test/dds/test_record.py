@@ -11,6 +11,8 @@ killed by SIGKILL or starved by a file-size limit; the bag is then read back (an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 import resource
 import signal
@@ -171,22 +173,29 @@ def session(fake: FakeNode) -> dict[str, int]:
     return sent
 
 
-def test_a_session_with_action_groups_and_task_episodes_is_recorded_and_replayed(params, tmp_path):
+@contextmanager
+def recording(params: Path, folder: Path) -> Iterator[tuple[FakeNode, RecorderProcess]]:
+    """Start a fake node and a recorder writing ``folder / 'bag'``, once it records; stop both after."""
     domain = next_domain_id()
     fake = FakeNode(domain)
-    recorder = RecorderProcess(domain, params, tmp_path / 'bag', tmp_path)
+    recorder = RecorderProcess(domain, params, folder / 'bag', folder)
     try:
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
         fake.wait_for_recorder()
+        yield fake, recorder
+    finally:
+        recorder.kill()
+        fake.close()
+
+
+def test_a_session_with_action_groups_and_task_episodes_is_recorded_and_replayed(params, tmp_path):
+    with recording(params, tmp_path) as (fake, recorder):
         sent = session(fake)
         # Every second the recorder reports each topic's counts on /diagnostics.
         assert wait_until(lambda: fake.recorder_status().get('/arm/joint_states written') == str(sent['sense']), 5.0)
         assert fake.recorder_status()['/arm/joint_states dropped'] == '0', fake.recorder_status()
         recorder.process.send_signal(signal.SIGINT)
         assert recorder.wait(20.0) == 0, recorder.output
-    finally:
-        recorder.kill()
-        fake.close()
     messages = list(read_messages(tmp_path / 'bag'))
     by_topic = {}
     for topic, _, msg, _ in messages:
@@ -233,19 +242,11 @@ def recorded_before_crash(recorder: OutputProcess, fake: FakeNode, seconds: floa
 
 
 def test_sigkill_leaves_a_bag_that_holds_what_was_written_before(params, tmp_path):
-    domain = next_domain_id()
-    fake = FakeNode(domain)
-    recorder = RecorderProcess(domain, params, tmp_path / 'bag', tmp_path)
-    try:
-        assert recorder.wait_for_output('recording [', 30.0), recorder.output
-        fake.wait_for_recorder()
+    with recording(params, tmp_path) as (fake, recorder):
         fake.episode(Episode.STARTED, 1, 'pick up the cube')
         sent = recorded_before_crash(recorder, fake, 2.5)
         recorder.process.kill()
         recorder.wait(10.0)
-    finally:
-        recorder.kill()
-        fake.close()
     # The file ends as a closed one between chunk writes (each a few kB here, written in microseconds):
     # rosbag2 readers open the folder as the kill left it.
     from rosbags.highlevel import AnyReader
