@@ -48,7 +48,9 @@ class ModelController:
         self.sent_while_faulty = 0
 
     def send(self, points: np.ndarray, now: float, wall: float) -> None:
-        """Take a goal of points (T, J) from the loop's sink, point i due (i + 1) periods on."""
+        """Take a goal of points (T, J) from the loop's sink, point i due (i + 1) periods on, as ActionOutput does."""
+        if not self.answers.may_send():
+            return
         self.next_id += 1
         self.answers.sent(self.next_id, now, wall, DT, len(points) * DT)
         self.sent_while_faulty += self.mode != 'follow'
@@ -147,10 +149,9 @@ def run_sequence(segments, points, seed):
         if kind in FAULTS:
             seconds = clock[0] - faulty_since
             sent = controller.sent_while_faulty - sent_before
-            # A goal per tick until the answers say so (silent: their time-out), then one (and its hold) per
-            # quiet at most.
-            before = RESPONSE_TIMEOUT_S / period + 2 if kind in ('silent', 'gone') else 3
-            assert sent <= before + 2 * (seconds / QUIET_S + 1), f'{sent} goals in {seconds:.2f} s of {kind}'
+            # A goal per tick until the answers say so (none while one is unanswered), then one (and its hold)
+            # per quiet at most.
+            assert sent <= 3 + 2 * (seconds / QUIET_S + 1), f'{sent} goals in {seconds:.2f} s of {kind}'
             COVERAGE[kind] += 1
             COVERAGE[f'{kind} refused'] += refused is not None or kind == 'gone'
     COVERAGE['runs'] += controller.runs
@@ -196,12 +197,25 @@ def test_a_refusal_lasts_its_quiet_doubling_while_goals_keep_failing_and_ends_on
 def test_a_goal_unanswered_too_long_is_given_up_and_cancelled_when_accepted_late():
     counters = dict.fromkeys(COUNTERS, 0)
     answers = GoalAnswers('/arm', counters)
+    assert answers.may_send()
     answers.sent(1, 0.0, 0.0, 0.05, 0.05)
-    answers.sent(2, 0.05, 0.05, 0.05, 0.05)
+    assert not answers.may_send(), 'held back while one is unanswered: a hung controller queues one goal, not one a tick'
     assert answers.refusal(RESPONSE_TIMEOUT_S) is None
-    assert 'gave no answer to a goal request within' in answers.refusal(RESPONSE_TIMEOUT_S + 0.06)
-    assert counters['command_goals_unanswered'] == 2 and answers.unanswered == [1, 2]
+    assert 'gave no answer to a goal request within' in answers.refusal(RESPONSE_TIMEOUT_S + 0.01)
+    assert counters['command_goals_unanswered'] == 1 and answers.unanswered == [1]
     assert answers.responded(1, True, 1.0) is True, 'given up: the caller cancels it'
+
+
+def test_a_goal_held_back_makes_the_next_one_step_from_the_measured_joints():
+    answers = GoalAnswers('/arm', dict.fromkeys(COUNTERS, 0))
+    answers.sent(1, 0.0, 0.0, 0.05, 0.2)
+    assert not answers.may_send() and answers.awaiting
+    answers.responded(1, True, 0.01)                        # on time, but the loop's last command never left
+    assert answers.awaiting, 'the next goal steps from the measured joints'
+    assert answers.may_send()
+    answers.sent(2, 0.05, 0.05, 0.05, 0.2)
+    answers.responded(2, True, 0.06)
+    assert not answers.awaiting
 
 
 def test_an_early_success_is_a_goal_not_run_but_a_gripper_reaches_its_goal_at_once():

@@ -25,7 +25,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 import numpy as np
 import pytest
 import rclpy
-from rclpy.action import ActionServer, GoalResponse
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.action.server import GoalEvent
 from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 from ros_harness import DEFAULT_CONFIG, next_domain_id, NodeProcess, OutputProcess, ros_env, wait_until
@@ -78,6 +78,7 @@ class Running:
     columns: list[int]
     ended: threading.Event = field(default_factory=threading.Event)
     preempted: bool = False
+    cancelled: bool = False
 
 
 class ModelArm:
@@ -98,14 +99,17 @@ class ModelArm:
         self.controllers = rclpy.create_node('model_controllers', context=self.context)
         self.mode = 'follow'
         self.positions = np.array([0.1 * i for i in range(len(JOINTS))])
-        # (controller, when its goal was accepted, joints when it ran, its first point)
-        self.ran: list[tuple[str, float, np.ndarray, np.ndarray]] = []
+        # (controller, when its goal was accepted, joints when it ran, its first point, joints when it came)
+        self.ran: list[tuple[str, float, np.ndarray, np.ndarray, np.ndarray]] = []
         self.received: list[tuple[float, str]] = []                      # (time, mode) of every arm goal request
         self.diagnostics: dict = {}
         self.records: list[CommandGoal] = []
         self._lock = threading.Lock()
         self._active: dict[str, Running] = {}
         self._accepted_in: dict[bytes, tuple[str, float]] = {}  # goal id -> (mode it was accepted in, when)
+        self._running: dict[bytes, Running] = {}                # goal id -> its trajectory, while it runs
+        self._cancelled: set[bytes] = set()                     # goals cancelled before they ran
+        self._came_at: dict[int, tuple[object, np.ndarray]] = {}  # id(goal request) -> (it, the arm's joints then)
         self._cameras = [self.node.create_publisher(Image, topic, CAMERA_QOS) for topic in CONFIG['camera_topics']]
         self._joints = self.node.create_publisher(JointState, '/joint_states', JOINT_STATES_QOS)
         self._instruction = self.node.create_publisher(String, 'instruction', INSTRUCTION_QOS)
@@ -114,7 +118,8 @@ class ModelArm:
         self.node.create_subscription(CommandGoal, '/vla_policy_node/command_goals', self.records.append,
                                       COMMAND_GOALS_QOS)
         self._arm_server = self._make_arm_server()
-        ActionServer(self.controllers, GripperCommand, GRIPPER_ACTION, self._execute_gripper)
+        ActionServer(self.controllers, GripperCommand, GRIPPER_ACTION, self._execute_gripper,
+                     cancel_callback=self._on_cancel)
         self.node.create_timer(0.01, self._tick)
         self.node.create_timer(1.0 / 15.0, self._publish_images)
         self.errors: list[BaseException] = []
@@ -133,7 +138,8 @@ class ModelArm:
 
     def _make_arm_server(self) -> ActionServer:
         return ActionServer(self.controllers, FollowJointTrajectory, ARM_ACTION, self._execute_arm,
-                            goal_callback=self._on_arm_goal, handle_accepted_callback=self._on_arm_accepted)
+                            goal_callback=self._on_arm_goal, handle_accepted_callback=self._on_arm_accepted,
+                            cancel_callback=self._on_cancel)
 
     def vanish(self) -> None:
         self._arm_server.destroy()
@@ -165,21 +171,51 @@ class ModelArm:
     def _run(self, controller: str, handle, times: np.ndarray, points: np.ndarray, columns: list[int],
              arrived: float) -> str:
         """Run a trajectory from where the joints are until it ends, a newer goal preempts it or it is cancelled."""
+        goal = bytes(handle.goal_id.uuid)
         with self._lock:
-            self.ran.append((controller, arrived, self.positions[columns].copy(), points[0].copy()))
-            previous = self._active.get(controller)
+            came = self._came_at.pop(id(handle.request), (None, self.positions[columns]))[1]
+            if goal in self._cancelled:
+                return 'cancelled'
+            self.ran.append((controller, arrived, self.positions[columns].copy(), points[0].copy(), came.copy()))
             running = Running(time.monotonic(), self.positions[columns].copy(), times, points, columns)
-            self._active[controller] = running
+            self._running[goal] = running
+        self._preempt(controller, running)
+        running.ended.wait(30.0)
+        with self._lock:
+            self._running.pop(goal, None)
+        return 'cancelled' if running.cancelled else 'preempted' if running.preempted else 'ended'
+
+    def _preempt(self, controller: str, running: Running | None) -> None:
+        """Make ``running`` the controller's trajectory (None: hold where the joints are); the previous one ends."""
+        with self._lock:
+            previous = self._active.pop(controller, None)
+            if running is not None:
+                self._active[controller] = running
         if previous is not None:
             previous.preempted = True
             previous.ended.set()
-        running.ended.wait(30.0)
-        return 'preempted' if running.preempted else 'ended'
+
+    def _on_cancel(self, handle) -> CancelResponse:
+        """Stop the goal where the joints are, as joint_trajectory_controller does on a cancel request."""
+        goal = bytes(handle.goal_id.uuid)
+        with self._lock:
+            self._cancelled.add(goal)
+            running = self._running.get(goal)
+            if running is not None:
+                running.cancelled = True
+                for controller, active in list(self._active.items()):
+                    if active is running:
+                        del self._active[controller]
+        if running is not None:
+            running.ended.set()
+        return CancelResponse.ACCEPT
 
     # ------------------------------------------------------------------ the controllers
     def _on_arm_goal(self, goal) -> GoalResponse:
         mode = self.mode
         self.received.append((time.monotonic(), mode))
+        with self._lock:
+            self._came_at[id(goal)] = (goal, self.positions[:5].copy())
         while self.mode == 'silent':        # answered only once the mode changes (late)
             time.sleep(0.02)
         return GoalResponse.REJECT if mode == 'reject' else GoalResponse.ACCEPT
@@ -192,6 +228,8 @@ class ModelArm:
     def _execute_arm(self, handle):
         result = FollowJointTrajectory.Result()
         mode, arrived = self._accepted_in.pop(bytes(handle.goal_id.uuid))
+        if mode in ('abort', 'lie'):
+            self._preempt('arm', None)      # the new goal replaced the running one, then ended: the arm stands
         if mode == 'abort':
             result.error_code = FollowJointTrajectory.Result.PATH_TOLERANCE_VIOLATED
             result.error_string = 'scripted path tolerance violation'
@@ -219,7 +257,8 @@ class ModelArm:
         if how == 'ended':
             handle.succeed()
             return
-        handle._update_state(GoalEvent.CANCEL_GOAL)
+        if not handle.is_cancel_requested:
+            handle._update_state(GoalEvent.CANCEL_GOAL)
         handle.canceled()
 
     # ------------------------------------------------------------------ what the node says
@@ -259,13 +298,19 @@ class ModelArm:
         rclpy.try_shutdown(context=self.context)
 
 
-def assert_goals_run_step_from_the_joints(arm: ModelArm, since: float, first_limit: float | None = None) -> int:
-    """Check the first arm goal run since ``since`` starts within max_step of the still joints, none walked; count."""
+def assert_goals_run_step_from_the_joints(arm: ModelArm, since: float) -> int:
+    """
+    Check the arm goals run since ``since``: the first within max_step of the joints, none walked; count them.
+
+    As in the property test (test/control/test_goal_answers.py), the first may also differ by what
+    the joints moved between its request reaching the controller and its run: a goal a hung
+    controller accepts when it wakes left while an older trajectory still moved the arm.
+    """
     runs = arm.ran_since('arm', since)
-    for index, (_, _, joints, first) in enumerate(runs):
-        jump = float(np.max(np.abs(first - joints)))
-        limit = (first_limit or MAX_STEP + 1e-9) if index == 0 else WALK
-        assert jump <= limit, f'goal {index} run after the fault starts {jump:.3f} from the joints'
+    for index, (_, _, joints, first, came) in enumerate(runs):
+        jump, moved = np.abs(first - joints), np.abs(joints - came)
+        limit = MAX_STEP + moved + 1e-9 if index == 0 else WALK
+        assert np.all(jump <= limit), f'goal {index} run after the fault starts {jump} from the joints (moved {moved})'
     return len(runs)
 
 
@@ -290,7 +335,7 @@ def test_goals_follow_the_step_limit_and_are_recorded_with_their_answers(system)
     node, arm = system
     lower, upper = np.array(CONFIG['limits']['lower']), np.array(CONFIG['limits']['upper'])
     assert assert_goals_run_step_from_the_joints(arm, 0.0) >= 20
-    for _, _, _, first in arm.ran_since('arm', 0.0):
+    for _, _, _, first, _ in arm.ran_since('arm', 0.0):
         assert np.all(first >= lower[:5] - 1e-9) and np.all(first <= upper[:5] + 1e-9)
     assert wait_until(lambda: arm.counter('command_goals_sent') > 0, 5.0)
     assert arm.counter('command_goals_rejected') == arm.counter('command_goals_failed') == 0, arm.diagnostics
@@ -339,10 +384,7 @@ def test_a_controller_that_does_not_run_goals_holds_its_group_and_the_next_goal_
     arm.mode = 'follow'
     assert wait_until(lambda: len(arm.ran_since('arm', back)) >= 10, 15.0), (arm.state(), node.output)
     assert wait_until(lambda: arm.state() == 'commanding', 5.0), arm.state()
-    # Here, on this loaded machine, the first goal run after recovery has been seen up to 0.39 from the
-    # joints after an aborting or silent controller (intermittent, not reproduced alone; the ROS-free
-    # property test, test/control/test_goal_answers.py, holds max_step): checked against a walk here.
-    assert assert_goals_run_step_from_the_joints(arm, back, WALK) >= 10
+    assert assert_goals_run_step_from_the_joints(arm, back) >= 10
     assert 'Traceback' not in node.output, node.output
 
 
@@ -412,8 +454,11 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     for topic, _, msg, _ in read_messages(bag):
         by_topic.setdefault(topic, []).append(msg)
     goals = by_topic['/vla_policy_node/command_goals']
-    assert sum(m.event == CommandGoal.SENT and m.group == 'arm' for m in goals) >= 20
-    assert sum(m.event == CommandGoal.ACCEPTED for m in goals) >= 20
+    # About 3 s of goals; fewer than one a tick when the loaded model controller answers slower than a
+    # tick (a goal waits for the previous one's answer).
+    sent = [m.goal for m in goals if m.event == CommandGoal.SENT and m.group == 'arm']
+    assert len(sent) >= 5 and len(set(sent)) == len(sent), sent
+    assert sum(m.event == CommandGoal.ACCEPTED and m.group == 'arm' for m in goals) >= len(sent) - 1
     episodes = [(m.event, m.instruction, m.outcome) for m in by_topic['/vla_policy_node/episode']]
     assert (Episode.STARTED, 'touch the cube', 0) in episodes, episodes
     assert (Episode.ENDED, 'touch the cube', RunInstruction.Result.COMPLETED) in episodes, episodes

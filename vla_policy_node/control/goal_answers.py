@@ -23,10 +23,11 @@ running goals): a controller that refuses the next goal goes on with the last on
 which steps on from a plan the loop has dropped. While refused the loop holds and the group's
 joints are *unheard*
 (``ControlLoop.set_command_link``): the next goal steps from their measured state. So does a
-goal sent while the previous one is not answered yet, or was accepted late
-(:attr:`GoalAnswers.awaiting`): a goal stepping from one not known to run would pile up steps for
-the moment they all run, and one accepted late (past half its first point's time) started
-later than the loop assumes. A goal
+goal sent after one held back, or after one accepted late (:attr:`GoalAnswers.awaiting`): one
+accepted late (past half its first point's time) started later than the loop assumes. A goal is
+held back while the previous request is not answered (:meth:`GoalAnswers.may_send`): a controller
+that hangs would otherwise queue a goal per tick, each stepping from older joints, and run them all
+when it wakes; it gets one per quiet instead. A goal
 accepted after it was given up for unanswered is to be cancelled at once: a newer goal from
 the measured joints stands in its place. A goal preempted by the next one (canceled) is how
 every goal ends in normal running. ROS-free: ``ros/action_outputs.py`` feeds it the answers.
@@ -87,16 +88,22 @@ class GoalAnswers:
         self._running: dict[int, _Sent] = {}            # accepted, not yet ended
         self._refused: tuple[str, float] | None = None  # (why, wall time of the last goal not run)
         self._strikes = 0                               # refusals since a goal last ran
-        self._late = False                              # the last goal was accepted late
+        self._stale = False                             # one held back or accepted late: step from measured
         self._probing = False                           # the quiet ended: the next goal must show it runs
         self._probe: int | None = None                  # that goal, once sent
         self._logged: dict[str, float] = {}
         self.unanswered: list[int] = []                 # given up since the last look (for the record)
 
+    def may_send(self) -> bool:
+        """Tell whether a goal may leave now: not while a request is unanswered (it is held back, and noted)."""
+        if self._pending:
+            self._stale = True
+        return not self._pending
+
     def sent(self, goal: int, now: float, wall: float, first_due: float, duration: float) -> None:
         """Note a goal that left at ``now`` (loop clock; ``wall``: monotonic), points due first_due..duration on."""
         self._pending[goal] = _Sent(now, wall, first_due, duration)
-        self._late = False
+        self._stale = False
         if self._probing and self._probe is None:
             self._probe = goal
         self._counters['command_goals_sent'] += 1
@@ -109,7 +116,7 @@ class GoalAnswers:
             return False
         if sent is None:
             return True
-        self._late = wall - sent.wall_sent_at > LATE_ACCEPT * sent.first_due
+        self._stale = self._stale or wall - sent.wall_sent_at > LATE_ACCEPT * sent.first_due
         sent.accepted_at = wall
         self._running[goal] = sent
         return False
@@ -135,8 +142,8 @@ class GoalAnswers:
 
     @property
     def awaiting(self) -> bool:
-        """Tell whether a goal is not answered yet, or the last was accepted late: the next steps from measured."""
-        return bool(self._pending) or self._late
+        """Tell whether a goal is not answered yet, or the last was held back or accepted late: step from measured."""
+        return bool(self._pending) or self._stale
 
     def refusal(self, wall: float) -> str | None:
         """Say why the group may not be commanded now, or None; gives up on goals unanswered too long."""

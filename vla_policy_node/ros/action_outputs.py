@@ -64,7 +64,9 @@ class ActionOutput:
         return refusal
 
     def send(self, goal: Any, trajectory: JointTrajectory) -> None:
-        """Send a goal (``trajectory``: what it commands, for the record) and follow its answers."""
+        """Send a goal (``trajectory``: what it commands, for the record) and follow its answers; or hold it back."""
+        if not self.answers.may_send():
+            return
         self._next_id += 1
         goal_id = self._next_id
         first, last = (point.time_from_start for point in (trajectory.points[0], trajectory.points[-1]))
