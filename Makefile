@@ -171,6 +171,7 @@ lerobot-fixtures:
 	tools/lerobot/setup_env.sh 0.6.1 .venv-lerobot061
 	.venv-lerobot061/bin/python tools/lerobot/make_fixtures.py
 	.venv-lerobot061/bin/python tools/lerobot/make_rtc_fixture.py test/fixtures/lerobot061/smolvla
+	.venv-lerobot061/bin/python tools/lerobot/make_dataset_fixtures.py test/fixtures/lerobot061/datasets
 	tools/lerobot/setup_env.sh 0.5.1 .venv-lerobot051
 	.venv-lerobot051/bin/python tools/lerobot/make_fixtures.py
 
