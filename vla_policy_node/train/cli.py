@@ -302,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, args.output, lerobot_version=args.lerobot_version)
     print(json.dumps(summary, indent=2))
     print(f"checkpoint: {args.output}  loss curve: {args.output / 'loss_curve.png'}")
+    print(lerobot_hint(args.output))
     return 0
+
+
+def lerobot_hint(folder: Path) -> str:
+    """Say how LeRobot loads an export: from inside it (its backbone is the relative folder ``vlm``), offline."""
+    return (f"LeRobot loads it from inside the folder (the backbone is the relative name 'vlm'): cd {folder} && "
+            "HF_HUB_OFFLINE=1 lerobot-eval --policy.path=. ... (docs/checkpoints.md)")
 
 
 def _train_worker(worker: Worker, cfg: TrainConfig, output: Path,
@@ -327,6 +334,7 @@ def export_only(source: Path, output: Path, lerobot_version: str) -> int:
     if not difference <= 1e-5:
         print("error: the exported checkpoint does not act as the source did")
         return 1
+    print(lerobot_hint(output))
     return 0
 
 
