@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+A LeRobotDataset v3.0 written as LeRobot 0.6.1 writes it, without LeRobot (pyarrow, PyAV).
+
+The files and their columns are LeRobot's (``LeRobotDataset.create`` ... ``finalize``, compared with
+the datasets under test/fixtures/lerobot061/datasets): ``meta/info.json`` (its features, video info,
+path templates and totals), ``meta/stats.json`` and per-episode ``stats/...`` columns (min, max, mean,
+std, count, q01..q99; images per channel in [0, 1]), ``meta/tasks.parquet`` (indexed by task, as
+pandas writes it), ``meta/episodes/chunk-000/file-000.parquet``, ``data/chunk-000/file-000.parquet``
+and one MP4 per camera holding every episode (LeRobot's default codec AV1 via libsvtav1, yuv420p,
+keyframe every 2 frames, crf 30; or H.264), each episode located by its ``from_timestamp``.
+Everything is written into a temporary folder beside the target and renamed at the end, so a
+failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import json
+from pathlib import Path
+import shutil
+import tempfile
+
+import numpy as np
+
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+CODECS = {'av1': ('libsvtav1', {'g': '2', 'crf': '30', 'preset': '12'}),
+          'h264': ('h264', {'g': '2', 'crf': '30'})}
+DATA_PATH = 'data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet'
+VIDEO_PATH = 'videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4'
+
+
+def feature_stats(values: np.ndarray, axes: tuple[int, ...] = (0,)) -> dict[str, list]:
+    """LeRobot's statistics of one feature: over ``axes``, keeping the others (images: per channel)."""
+    values = np.asarray(values, dtype=np.float64)
+    out = {'min': values.min(axis=axes, keepdims=len(axes) > 1), 'max': values.max(axis=axes, keepdims=len(axes) > 1),
+           'mean': values.mean(axis=axes, keepdims=len(axes) > 1), 'std': values.std(axis=axes, keepdims=len(axes) > 1)}
+    for q in QUANTILES:
+        out[f'q{round(q * 100):02d}'] = np.quantile(values, q, axis=axes, keepdims=len(axes) > 1)
+    result = {k: (v[0] if len(axes) > 1 else v).tolist() for k, v in out.items()}
+    result['count'] = [int(values.shape[0])]
+    return {k: result[k] for k in ('min', 'max', 'mean', 'std', 'count', *[f'q{round(q * 100):02d}' for q in QUANTILES])}
+
+
+def encode_video(path: Path, frames: np.ndarray, fps: int, codec: str = 'av1') -> None:
+    """Encode (N, H, W, 3) uint8 frames at ``fps`` as LeRobot does (yuv420p, frame i at i / fps)."""
+    import av
+    name, options = CODECS[codec]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), 'w') as output:
+        stream = output.add_stream(name, fps, options=options)
+        stream.pix_fmt = 'yuv420p'
+        stream.height, stream.width = frames.shape[1:3]
+        for frame in frames:
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format='rgb24')))
+        output.mux(stream.encode())
+
+
+@dataclass
+class _Episode:
+    task: str
+    states: np.ndarray
+    actions: np.ndarray
+    frames: dict[str, np.ndarray]
+
+
+@dataclass
+class DatasetWriter:
+    """Collect episodes, then :meth:`write` the dataset folder in one go."""
+
+    fps: int
+    state_names: list[str]
+    action_names: list[str]
+    robot_type: str | None = None
+    codec: str = 'av1'
+    episodes: list[_Episode] = field(default_factory=list)
+
+    def add_episode(self, task: str, states: np.ndarray, actions: np.ndarray, frames: dict[str, np.ndarray]) -> None:
+        """Add one episode: (N, S) states, (N, A) actions in dataset units, camera name -> (N, H, W, 3) uint8."""
+        states, actions = np.asarray(states, np.float32), np.asarray(actions, np.float32)
+        if len(states) != len(actions) or any(len(f) != len(states) for f in frames.values()) or not len(states):
+            raise ValueError(f'an episode needs as many states, actions and frames of every camera, at least one '
+                             f'({len(states)}, {len(actions)}, {[len(f) for f in frames.values()]})')
+        if self.episodes and sorted(frames) != sorted(self.episodes[0].frames):
+            raise ValueError(f'every episode needs the same cameras ({sorted(self.episodes[0].frames)}), '
+                             f'not {sorted(frames)}')
+        self.episodes.append(_Episode(task, states, actions, {k: np.asarray(v, np.uint8) for k, v in frames.items()}))
+
+    def write(self, root: Path) -> None:
+        """Write the dataset to ``root`` (which must not exist); nothing is left there if this fails."""
+        root = Path(root)
+        if root.exists():
+            raise FileExistsError(f'{root} exists: give a new folder')
+        if not self.episodes:
+            raise ValueError('no episode to write')
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f'.{root.name}.', dir=root.parent))
+        try:
+            self._write(staging)
+            staging.rename(root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _tasks(self) -> list[str]:
+        return list(dict.fromkeys(e.task for e in self.episodes))
+
+    def _write(self, root: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        tasks = self._tasks()
+        columns = self._data_columns(tasks)
+        (root / 'data/chunk-000').mkdir(parents=True)
+        schema = pa.schema([(STATE_KEY, pa.list_(pa.float32(), len(self.state_names))),
+                            ('action', pa.list_(pa.float32(), len(self.action_names))),
+                            ('timestamp', pa.float32()), ('frame_index', pa.int64()), ('episode_index', pa.int64()),
+                            ('index', pa.int64()), ('task_index', pa.int64())])
+        pq.write_table(pa.table(columns, schema=schema), root / DATA_PATH.format(chunk_index=0, file_index=0))
+        cameras = list(self.episodes[0].frames)
+        for camera in cameras:
+            encode_video(root / VIDEO_PATH.format(video_key=IMAGES + camera, chunk_index=0, file_index=0),
+                         np.concatenate([e.frames[camera] for e in self.episodes]), self.fps, self.codec)
+        episode_rows, stats = self._episode_rows(tasks, cameras)
+        (root / 'meta/episodes/chunk-000').mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(episode_rows), root / 'meta/episodes/chunk-000/file-000.parquet')
+        pandas = {'index_columns': ['task'], 'column_indexes': [
+            {'name': None, 'field_name': None, 'pandas_type': 'unicode', 'numpy_type': 'object',
+             'metadata': {'encoding': 'UTF-8'}}], 'columns': [
+            {'name': 'task_index', 'field_name': 'task_index', 'pandas_type': 'int64', 'numpy_type': 'int64',
+             'metadata': None},
+            {'name': 'task', 'field_name': 'task', 'pandas_type': 'unicode', 'numpy_type': 'object', 'metadata': None}],
+            'attributes': {}, 'creator': {'library': 'pyarrow', 'version': pa.__version__}, 'pandas_version': '2.3.3'}
+        table = pa.table({'task_index': pa.array(range(len(tasks)), pa.int64()), 'task': pa.array(tasks, pa.string())})
+        pq.write_table(table.replace_schema_metadata({'pandas': json.dumps(pandas)}), root / 'meta/tasks.parquet')
+        (root / 'meta/stats.json').write_text(json.dumps(stats, indent=4))
+        (root / 'meta/info.json').write_text(json.dumps(self._info(cameras, len(tasks)), indent=4))
+
+    def _data_columns(self, tasks: list[str]) -> dict[str, list]:
+        columns: dict[str, list] = {k: [] for k in (STATE_KEY, 'action', 'timestamp', 'frame_index', 'episode_index',
+                                                   'index', 'task_index')}
+        index = 0
+        for number, episode in enumerate(self.episodes):
+            n = len(episode.states)
+            columns[STATE_KEY] += episode.states.tolist()
+            columns['action'] += episode.actions.tolist()
+            columns['timestamp'] += (np.arange(n, dtype=np.float32) / np.float32(self.fps)).tolist()
+            columns['frame_index'] += list(range(n))
+            columns['episode_index'] += [number] * n
+            columns['index'] += list(range(index, index + n))
+            columns['task_index'] += [tasks.index(episode.task)] * n
+            index += n
+        return columns
+
+    def _episode_rows(self, tasks: list[str], cameras: list[str]) -> tuple[list[dict], dict]:
+        rows, start, every = [], 0, {}
+        for number, episode in enumerate(self.episodes):
+            n = len(episode.states)
+            row = {'episode_index': number, 'tasks': [episode.task], 'length': n, 'data/chunk_index': 0,
+                   'data/file_index': 0, 'dataset_from_index': start, 'dataset_to_index': start + n}
+            for camera in cameras:
+                key = f'videos/{IMAGES}{camera}'
+                row.update({f'{key}/chunk_index': 0, f'{key}/file_index': 0, f'{key}/from_timestamp': start / self.fps,
+                            f'{key}/to_timestamp': (start + n) / self.fps})
+            values = {STATE_KEY: episode.states, 'action': episode.actions,
+                      'timestamp': np.arange(n, dtype=np.float32)[:, None] / np.float32(self.fps),
+                      'frame_index': np.arange(n)[:, None], 'episode_index': np.full((n, 1), number),
+                      'index': np.arange(start, start + n)[:, None],
+                      'task_index': np.full((n, 1), tasks.index(episode.task))}
+            stats = {key: feature_stats(v) for key, v in values.items()}
+            for camera in cameras:
+                stats[IMAGES + camera] = feature_stats(episode.frames[camera].transpose(0, 3, 1, 2) / 255.0, (0, 2, 3))
+            for key, feature in stats.items():
+                for name, value in feature.items():
+                    every.setdefault(key, {}).setdefault(name, []).append(np.asarray(value, dtype=np.float64))
+                    row[f'stats/{key}/{name}'] = value
+            row.update({'meta/episodes/chunk_index': 0, 'meta/episodes/file_index': 0})
+            rows.append(row)
+            start += n
+        return rows, {key: _aggregate(feature) for key, feature in every.items()}
+
+    def _info(self, cameras: list[str], total_tasks: int) -> dict:
+        features = {STATE_KEY: {'dtype': 'float32', 'shape': [len(self.state_names)], 'names': self.state_names},
+                    'action': {'dtype': 'float32', 'shape': [len(self.action_names)], 'names': self.action_names}}
+        for camera in cameras:
+            height, width = self.episodes[0].frames[camera].shape[1:3]
+            features[IMAGES + camera] = {
+                'dtype': 'video', 'shape': [height, width, 3], 'names': ['height', 'width', 'channels'],
+                'info': {'video.height': height, 'video.width': width, 'video.codec': self.codec,
+                         'video.pix_fmt': 'yuv420p', 'video.fps': self.fps, 'video.channels': 3, 'has_audio': False,
+                         'video.g': 2, 'video.crf': 30, 'is_depth_map': False}}
+        for name, dtype in (('timestamp', 'float32'), ('frame_index', 'int64'), ('episode_index', 'int64'),
+                            ('index', 'int64'), ('task_index', 'int64')):
+            features[name] = {'dtype': dtype, 'shape': [1], 'names': None}
+        frames = sum(len(e.states) for e in self.episodes)
+        return {'codebase_version': 'v3.0', 'fps': self.fps, 'features': features,
+                'total_episodes': len(self.episodes), 'total_frames': frames, 'total_tasks': total_tasks,
+                'chunks_size': 1000, 'data_files_size_in_mb': 100, 'video_files_size_in_mb': 200,
+                'data_path': DATA_PATH, 'video_path': VIDEO_PATH if cameras else None,
+                'robot_type': self.robot_type, 'splits': {'train': f'0:{len(self.episodes)}'}}
+
+
+STATE_KEY, IMAGES = 'observation.state', 'observation.images.'
+
+
+def _aggregate(feature: dict[str, list[np.ndarray]]) -> dict[str, list]:
+    """Dataset statistics from the episodes' (LeRobot's aggregation: count-weighted means and variances)."""
+    counts = np.array([c[0] for c in feature['count']], dtype=np.float64)
+    shape = (-1,) + (1,) * (feature['mean'][0].ndim)
+    weights = counts.reshape(shape) / counts.sum()
+    means = np.stack(feature['mean'])
+    mean = (means * weights).sum(axis=0)
+    variance = ((np.stack(feature['std']) ** 2 + (means - mean) ** 2) * weights).sum(axis=0)
+    out = {'min': np.min(np.stack(feature['min']), axis=0), 'max': np.max(np.stack(feature['max']), axis=0),
+           'mean': mean, 'std': np.sqrt(variance), 'count': np.array([int(counts.sum())])}
+    for q in QUANTILES:
+        name = f'q{round(q * 100):02d}'
+        out[name] = (np.stack(feature[name]) * weights).sum(axis=0)
+    return {k: v.tolist() for k, v in out.items()}
