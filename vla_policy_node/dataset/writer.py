@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import json
+import os
 from pathlib import Path
 import shutil
 import tempfile
@@ -31,19 +32,22 @@ VIDEO_PATH = 'videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.m
 
 
 def feature_stats(values: np.ndarray, axes: tuple[int, ...] = (0,)) -> dict[str, list]:
-    """LeRobot's statistics of one feature: over ``axes``, keeping the others (images: per channel)."""
+    """Return LeRobot's statistics of one feature: over ``axes``, keeping the others (images: per channel)."""
     values = np.asarray(values, dtype=np.float64)
-    out = {'min': values.min(axis=axes, keepdims=len(axes) > 1), 'max': values.max(axis=axes, keepdims=len(axes) > 1),
-           'mean': values.mean(axis=axes, keepdims=len(axes) > 1), 'std': values.std(axis=axes, keepdims=len(axes) > 1)}
+    keep = len(axes) > 1
+    out = {'min': values.min(axis=axes, keepdims=keep), 'max': values.max(axis=axes, keepdims=keep),
+           'mean': values.mean(axis=axes, keepdims=keep), 'std': values.std(axis=axes, keepdims=keep)}
     for q in QUANTILES:
-        out[f'q{round(q * 100):02d}'] = np.quantile(values, q, axis=axes, keepdims=len(axes) > 1)
-    result = {k: (v[0] if len(axes) > 1 else v).tolist() for k, v in out.items()}
+        out[f'q{round(q * 100):02d}'] = np.quantile(values, q, axis=axes, keepdims=keep)
+    result = {k: (v[0] if keep else v).tolist() for k, v in out.items()}
     result['count'] = [int(values.shape[0])]
-    return {k: result[k] for k in ('min', 'max', 'mean', 'std', 'count', *[f'q{round(q * 100):02d}' for q in QUANTILES])}
+    order = ('min', 'max', 'mean', 'std', 'count', *[f'q{round(q * 100):02d}' for q in QUANTILES])
+    return {k: result[k] for k in order}
 
 
 def encode_video(path: Path, frames: np.ndarray, fps: int, codec: str = 'av1') -> None:
     """Encode (N, H, W, 3) uint8 frames at ``fps`` as LeRobot does (yuv420p, frame i at i / fps)."""
+    os.environ.setdefault('SVT_LOG', '1')     # SVT-AV1 prints its whole configuration per file otherwise
     import av
     name, options = CODECS[codec]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,8 +139,8 @@ class DatasetWriter:
         (root / 'meta/info.json').write_text(json.dumps(self._info(cameras, len(tasks)), indent=4))
 
     def _data_columns(self, tasks: list[str]) -> dict[str, list]:
-        columns: dict[str, list] = {k: [] for k in (STATE_KEY, 'action', 'timestamp', 'frame_index', 'episode_index',
-                                                   'index', 'task_index')}
+        keys = (STATE_KEY, 'action', 'timestamp', 'frame_index', 'episode_index', 'index', 'task_index')
+        columns: dict[str, list] = {k: [] for k in keys}
         index = 0
         for number, episode in enumerate(self.episodes):
             n = len(episode.states)

@@ -372,11 +372,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='seconds between observations (default: one horizon)')
     parser.add_argument('--namespace', default='', help="the node's namespace when the bag was recorded")
     parser.add_argument('--node', default=NODE_NAME, help="the node's name, for its ~/episode and ~/command_goals")
+    parser.add_argument('--export-dataset', metavar='OUT',
+                        help='export the bag as a LeRobotDataset v3.0 in the new folder OUT instead (no policy runs)')
+    parser.add_argument('--fps', type=float, help='with --export-dataset: frames per second (default: control_rate_hz)')
+    parser.add_argument('--leader', metavar='TOPIC',
+                        help="with --export-dataset: the action is this leader arm's joint states, not the commands")
+    parser.add_argument('--gap', type=float, default=1.0,
+                        help='with --export-dataset: seconds without joint states that end an episode')
+    parser.add_argument('--codec', default='av1', choices=('av1', 'h264'), help='with --export-dataset: video codec')
+    parser.add_argument('--robot-type', help='with --export-dataset: the robot type recorded (e.g. so101_follower)')
     parser.add_argument('--plot', help='write the PNG plot here')
     parser.add_argument('--json', help='write the summary here')
     args = parser.parse_args(argv)
     if (args.bag is None) == (args.dataset is None):
         parser.error('give a bag or --dataset (one of them)')
+    if args.export_dataset is not None:
+        return _main_export(args)
     from vla_policy_node.ros.policy_loader import make_policy, PolicyLoadError   # torch: only now
     if args.dataset is not None:
         return _main_dataset(args, make_policy, PolicyLoadError)
@@ -428,6 +439,26 @@ def _main_dataset(args: argparse.Namespace, make_policy: Any, load_error: type) 
         print(f'vla-policy-replay: {error}', file=sys.stderr)
         return 1
     report(result, args.json, args.plot)
+    return 0
+
+
+def _main_export(args: argparse.Namespace) -> int:
+    """``--export-dataset``: the bag as a LeRobotDataset; one line and nothing written if refused."""
+    from vla_policy_node.replay.bag_export import export_bag
+    if args.bag is None:
+        print('vla-policy-replay: --export-dataset exports a bag: name it', file=sys.stderr)
+        return 1
+    try:
+        # No policy runs: an empty checkpoint is no reason to refuse (it would build random weights).
+        settings = settings_from_files(args.params_file, ['allow_random_weights:=true', *args.param])
+        episodes = export_bag(args.bag, settings, args.export_dataset, args.fps, args.leader, args.gap, args.codec,
+                              args.robot_type, args.namespace, args.node)
+    except (ParameterError, ValueError, OSError) as error:
+        print(f'vla-policy-replay: {error}', file=sys.stderr)
+        return 1
+    print(f'{args.export_dataset}: {len(episodes)} episodes, {sum(n for _, n in episodes)} frames')
+    for number, (task, frames) in enumerate(episodes):
+        print(f'episode {number}: {frames} frames, {task!r}')
     return 0
 
 
