@@ -99,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--width', type=int, default=640)
     parser.add_argument('--height', type=int, default=480)
     parser.add_argument('--camera-hz', type=float, default=30.0)
+    parser.add_argument('--later-task', action='append', default=[], help='an instruction sent later (repeatable)')
     args = parser.parse_args(argv)
     settings = settings_from_files(args.params_file, args.param)
     write_synthetic_episode(args.output, settings, args.seconds, (args.height, args.width),
-                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz)
+                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz,
+                            later_tasks=tuple(args.later_task))
     print(f'wrote {args.output}: {args.seconds:g} s, {Path(args.output).stat().st_size / 2**20:.1f} MiB')
     return 0
 
