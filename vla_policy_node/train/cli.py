@@ -27,6 +27,8 @@ import argparse
 from dataclasses import asdict, dataclass
 import json
 import math
+import shutil
+import sys
 from pathlib import Path
 import time
 
@@ -318,7 +320,19 @@ def _train_worker(worker: Worker, cfg: TrainConfig, output: Path,
 
 
 def export_only(source: Path, output: Path, lerobot_version: str) -> int:
-    """``--export-from``: re-export a checkpoint for ``lerobot_version``; it must act as the source did."""
+    """``--export-from``: one line and no new folder left behind when ``source`` cannot be exported."""
+    created = not output.exists()
+    try:
+        return _export(source, output, lerobot_version)
+    except (ValueError, KeyError, OSError) as error:     # CheckpointError is a ValueError
+        if created:
+            shutil.rmtree(output, ignore_errors=True)
+        print(f"vla-policy-train: --export-from {source}: {error}", file=sys.stderr)
+        return 1
+
+
+def _export(source: Path, output: Path, lerobot_version: str) -> int:
+    """Re-export a checkpoint for ``lerobot_version``; it must act as the source did."""
     saved = export.read_checkpoint(source)
     obs = export.sample_observation(saved.config, seed=0)
     cfg = saved.model.config

@@ -298,6 +298,7 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
     post, _, _ = ckpt.lerobot_processor_stats(folder, "policy_postprocessor.json", "unnormalizer_processor")
     tokenizer = Tokenizer.from_file(str(ckpt.tokenizer_file(folder, vlm_name)))
     merged = {**config, **{k: v for k, v in settings.items() if k not in ALL_LEROBOT_FIELDS}}
+    merged["vlm_model_name"] = VLM_FOLDER      # a LeRobot-saved backbone folder may have another name: written to vlm/
     return SavedCheckpoint(model, merged, vlm_config, tokenizer, dict(pre["observation.state"]),
                            dict(post["action"]), settings, generation)
 
