@@ -163,3 +163,12 @@ def test_frames_the_video_does_not_hold_are_refused(copy):
     starts[4] += 0.05
     pq.write_table(table.set_column(table.schema.get_field_index(column), column, pa.array(starts)), path)
     assert "no frame within 0.0001 s" in refusal(lambda: Dataset(root).episode(4))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_some_frames_only_are_the_same_frames(name):
+    dataset = Dataset(FIXTURES / name)
+    full, some = dataset.episode(2), dataset.episode(2, [0, 3, 8])
+    assert some.frame_rows == [0, 3, 8] and np.array_equal(some.states, full.states)
+    for camera, frames in full.frames.items():
+        assert np.array_equal(some.frames[camera], frames[[0, 3, 8]])

@@ -55,7 +55,8 @@ class EpisodeData:
     states: np.ndarray                  # (N, S) float32, the dataset's units
     actions: np.ndarray                 # (N, A) float32
     tasks: list[str]                    # (N,)
-    frames: dict[str, np.ndarray]       # camera name (without observation.images.) -> (N, H, W, 3) uint8
+    frames: dict[str, np.ndarray]       # camera name (without observation.images.) -> (R, H, W, 3) uint8
+    frame_rows: list[int]               # the R frames held: all N unless fewer were asked for
 
 
 def locate(source: str | os.PathLike) -> Path:
@@ -191,8 +192,12 @@ class Dataset:
         return Episode(int(row['episode_index']), int(row['length']), tuple(row.get('tasks') or ()), data,
                        int(row['dataset_from_index']), int(row['dataset_to_index']), videos)
 
-    def episode(self, index: int) -> EpisodeData:
-        """Read episode ``index`` (its number in the dataset); DatasetError naming what is wrong."""
+    def episode(self, index: int, frame_rows: list[int] | None = None) -> EpisodeData:
+        """
+        Read episode ``index`` (its number in the dataset); DatasetError naming what is wrong.
+
+        ``frame_rows``: decode the camera frames of these frames only (default: all), to spare memory.
+        """
         episode = next((e for e in self.episodes if e.index == index), None)
         if episode is None:
             raise DatasetError(f'{self.root}: no episode {index} (it has {[e.index for e in self.episodes]})')
@@ -211,16 +216,17 @@ class Dataset:
         except KeyError as error:
             raise DatasetError(f'{episode.data_file}: task_index {error.args[0]} is not in '
                                'meta/tasks.parquet') from None
+        wanted = list(range(len(rows))) if frame_rows is None else list(frame_rows)
         frames = {}
         for key, (path, start) in episode.videos.items():
             try:
-                frames[key.removeprefix(IMAGE_PREFIX)] = decode_at(path, start + timestamps.astype(np.float64))
+                frames[key.removeprefix(IMAGE_PREFIX)] = decode_at(path, start + timestamps[wanted].astype(np.float64))
             except VideoError as error:
                 raise DatasetError(f'{key}: {error}') from None
         for key in self.image_keys:
             frames[key.removeprefix(IMAGE_PREFIX)] = np.stack(
-                [_png(columns[key][i], key, episode.data_file) for i in rows])
-        return EpisodeData(index, timestamps, vectors[STATE], vectors[ACTION], tasks, frames)
+                [_png(columns[key][rows[i]], key, episode.data_file) for i in wanted])
+        return EpisodeData(index, timestamps, vectors[STATE], vectors[ACTION], tasks, frames, wanted)
 
     def _vectors(self, column: list[Any], rows: list[int], key: str, path: Path) -> np.ndarray:
         size = int(np.prod(self.features[key]['shape']))

@@ -45,7 +45,9 @@ def decode_at(path: Path, times: Sequence[float], tolerance_s: float = TOLERANCE
     wanted = np.asarray(times, dtype=np.float64)
     if not path.is_file():
         raise VideoError(f'{path}: missing (the dataset lists a video there)')
-    frames, stamps = [], []
+    best = np.full(len(wanted), np.inf)            # per wanted time: the nearest decoded frame so far
+    chosen: list = [None] * len(wanted)
+    stamps = np.full(len(wanted), np.nan)
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
@@ -55,22 +57,23 @@ def decode_at(path: Path, times: Sequence[float], tolerance_s: float = TOLERANCE
                 if frame.pts is None:
                     continue
                 stamp = float(frame.pts * stream.time_base)
-                frames.append(frame.to_ndarray(format='rgb24'))
-                stamps.append(stamp)
+                nearer = np.abs(wanted - stamp) < best     # strictly: the first of equals wins, as argmin
+                if nearer.any():
+                    image = frame.to_ndarray(format='rgb24')
+                    for i in np.flatnonzero(nearer):
+                        chosen[i] = image
+                    best[nearer], stamps[nearer] = np.abs(wanted - stamp)[nearer], stamp
                 if stamp >= wanted.max():
                     break
     except (av.error.FFmpegError, IndexError, ValueError) as error:
         raise VideoError(f'{path}: cannot be decoded ({type(error).__name__}: {_first_line(error)})') from None
-    if not frames:
+    if any(image is None for image in chosen):
         raise VideoError(f'{path}: no frame decoded between {wanted.min():.4f} s and {wanted.max():.4f} s')
-    stamps_array = np.asarray(stamps)
-    nearest = np.abs(wanted[:, None] - stamps_array[None, :]).argmin(axis=1)
-    distance = np.abs(stamps_array[nearest] - wanted)
-    if np.any(distance >= tolerance_s):
-        worst = int(distance.argmax())
+    if np.any(best >= tolerance_s):
+        worst = int(best.argmax())
         raise VideoError(f'{path}: no frame within {tolerance_s} s of {wanted[worst]:.4f} s (nearest at '
-                         f'{stamps_array[nearest[worst]]:.4f} s): the video and the table disagree')
-    return np.stack([frames[i] for i in nearest])
+                         f'{stamps[worst]:.4f} s): the video and the table disagree')
+    return np.stack(chosen)
 
 
 def _first_line(error: Exception) -> str:

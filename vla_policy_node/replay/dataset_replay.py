@@ -142,14 +142,15 @@ def replay_dataset(dataset: Dataset, settings: Any, policy: Any, episodes: Seque
 
 def _replay_episode(dataset: Dataset, index: int, settings: Any, policy: Any, horizon: int,
                     period: int) -> EpisodeReplay:
-    data = dataset.episode(index)
+    length = next(e.length for e in dataset.episodes if e.index == index)
+    data = dataset.episode(index, list(range(0, length, period)))      # the frames the policy sees
     frames = len(data.timestamps)
     reset = getattr(policy, 'reset', None)
     if reset is not None:
         reset()
     rows_frame, predicted, latencies = [], [], []
-    for t in range(0, frames, period):
-        observation = {'images': {name: data.frames[name][t] for name in settings.camera_names},
+    for j, t in enumerate(range(0, frames, period)):
+        observation = {'images': {name: data.frames[name][j] for name in settings.camera_names},
                        'state': data.states[t], 'task': data.tasks[t]}
         started = time.perf_counter()
         chunk = np.asarray(policy.predict_action_chunk(observation), dtype=np.float64)[0]
