@@ -132,3 +132,14 @@ def test_unknown_episodes_and_broken_datasets_are_refused(params, capsys, tmp_pa
         main([str(tmp_path / 'x.mcap'), '--dataset', str(tmp_path), *args])
     with pytest.raises(DatasetError):
         Dataset(tmp_path / 'nothing' / 'here')
+
+
+def test_a_lerobot_saved_tiny_smolvla_replays_a_lerobot_written_dataset(params, tmp_path, capsys):
+    """The fixture checkpoint (LeRobot 0.6.1's save_pretrained; cameras top, wrist, side, 6 joints, chunk 8)."""
+    args = [f'--params-file={p}' for p in params()]
+    checkpoint = REPO / 'test' / 'fixtures' / 'lerobot061' / 'smolvla'
+    assert main(['--dataset', str(DATASETS / 'video_av1'), *args, '-p', f'checkpoint:={checkpoint}',
+                 '--episodes', '1', '--json', str(tmp_path / 'r.json')]) == 0
+    summary = json.loads((tmp_path / 'r.json').read_text())
+    assert summary['episodes']['1']['frames'] == 9 and summary['chunks'] == 2       # horizon 8: frames 0 and 8
+    assert all(np.isfinite(row['mae_ros']) and row['points'] == 9 for row in summary['joints'].values())
