@@ -101,6 +101,7 @@ class Dataset:
 
     def __init__(self, source: str | os.PathLike) -> None:
         self.root = locate(source)
+        self._cached: tuple[Path, dict[str, list]] | None = None
         self.info = self._info()
         self.fps = float(self.info['fps'])
         self.features: dict[str, dict[str, Any]] = self.info['features']
@@ -201,7 +202,7 @@ class Dataset:
         episode = next((e for e in self.episodes if e.index == index), None)
         if episode is None:
             raise DatasetError(f'{self.root}: no episode {index} (it has {[e.index for e in self.episodes]})')
-        columns = _read_table(episode.data_file).to_pydict()
+        columns = self._columns(episode.data_file)
         for key in (STATE, ACTION, 'timestamp', 'index', 'task_index', *self.image_keys):
             if key not in columns:
                 raise DatasetError(f'{episode.data_file}: no column {key!r}')
@@ -227,6 +228,12 @@ class Dataset:
             frames[key.removeprefix(IMAGE_PREFIX)] = np.stack(
                 [_png(columns[key][rows[i]], key, episode.data_file) for i in wanted])
         return EpisodeData(index, timestamps, vectors[STATE], vectors[ACTION], tasks, frames, wanted)
+
+    def _columns(self, path: Path) -> dict[str, list]:
+        """Return a data file's columns; the last file read is kept (a file holds many episodes, read in order)."""
+        if self._cached is None or self._cached[0] != path:
+            self._cached = (path, _read_table(path).to_pydict())
+        return self._cached[1]
 
     def _vectors(self, column: list[Any], rows: list[int], key: str, path: Path) -> np.ndarray:
         size = int(np.prod(self.features[key]['shape']))
