@@ -45,65 +45,124 @@ def feature_stats(values: np.ndarray, axes: tuple[int, ...] = (0,)) -> dict[str,
     return {k: result[k] for k in order}
 
 
-def encode_video(path: Path, frames: np.ndarray, fps: int, codec: str = 'av1') -> None:
-    """Encode (N, H, W, 3) uint8 frames at ``fps`` as LeRobot does (yuv420p, frame i at i / fps)."""
-    os.environ.setdefault('SVT_LOG', '1')     # SVT-AV1 prints its whole configuration per file otherwise
-    import av
-    name, options = CODECS[codec]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), 'w') as output:
-        stream = output.add_stream(name, fps, options=options)
-        stream.pix_fmt = 'yuv420p'
-        stream.height, stream.width = frames.shape[1:3]
-        for frame in frames:
-            output.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format='rgb24')))
-        output.mux(stream.encode())
+class _Video:
+    """One camera's MP4, every episode in it, encoded as the frames come (frame i at i / fps)."""
+
+    def __init__(self, path: Path, fps: int, codec: str, shape: tuple[int, ...]) -> None:
+        os.environ.setdefault('SVT_LOG', '1')     # SVT-AV1 prints its whole configuration per file otherwise
+        import av
+        name, options = CODECS[codec]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.shape = shape
+        self.av = av
+        self.container = av.open(str(path), 'w')
+        self.stream = self.container.add_stream(name, fps, options=options)
+        self.stream.pix_fmt = 'yuv420p'
+        self.stream.height, self.stream.width = shape[:2]
+
+    def add(self, frame: np.ndarray) -> None:
+        image = self.av.VideoFrame.from_ndarray(np.ascontiguousarray(frame, dtype=np.uint8), format='rgb24')
+        self.container.mux(self.stream.encode(image))
+
+    def close(self, flush: bool = True) -> None:
+        if flush:
+            self.container.mux(self.stream.encode())
+        self.container.close()
 
 
 @dataclass
 class _Episode:
     task: str
-    states: np.ndarray
-    actions: np.ndarray
-    frames: dict[str, np.ndarray]
+    states: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    thumbnails: dict = field(default_factory=dict)    # camera -> every THUMB_EVERY-th frame, subsampled (stats)
 
 
-@dataclass
+THUMB_EVERY, THUMB_SIDE = 5, 64        # image statistics from every 5th frame, at most 64 px a side
+
+
 class DatasetWriter:
-    """Collect episodes, then :meth:`write` the dataset folder in one go."""
+    """
+    Write a dataset frame by frame: videos are encoded as the frames come, so a long recording never sits in memory.
 
-    fps: int
-    state_names: list[str]
-    action_names: list[str]
-    robot_type: str | None = None
-    codec: str = 'av1'
-    episodes: list[_Episode] = field(default_factory=list)
+    Everything goes to a hidden folder beside ``root``, renamed to ``root`` by :meth:`finish`; :meth:`abort`
+    (or leaving the ``with`` block by an exception) removes it.
+    """
 
-    def add_episode(self, task: str, states: np.ndarray, actions: np.ndarray, frames: dict[str, np.ndarray]) -> None:
-        """Add one episode: (N, S) states, (N, A) actions in dataset units, camera name -> (N, H, W, 3) uint8."""
-        states, actions = np.asarray(states, np.float32), np.asarray(actions, np.float32)
-        if len(states) != len(actions) or any(len(f) != len(states) for f in frames.values()) or not len(states):
-            raise ValueError(f'an episode needs as many states, actions and frames of every camera, at least one '
-                             f'({len(states)}, {len(actions)}, {[len(f) for f in frames.values()]})')
-        if self.episodes and sorted(frames) != sorted(self.episodes[0].frames):
-            raise ValueError(f'every episode needs the same cameras ({sorted(self.episodes[0].frames)}), '
-                             f'not {sorted(frames)}')
-        self.episodes.append(_Episode(task, states, actions, {k: np.asarray(v, np.uint8) for k, v in frames.items()}))
+    def __init__(self, root: str | Path, fps: int, state_names: list[str], action_names: list[str],
+                 robot_type: str | None = None, codec: str = 'av1') -> None:
+        self.root, self.fps, self.codec, self.robot_type = Path(root), int(fps), codec, robot_type
+        self.state_names, self.action_names = list(state_names), list(action_names)
+        if codec not in CODECS:
+            raise ValueError(f'codec {codec!r}: one of {sorted(CODECS)}')
+        if self.root.exists():
+            raise FileExistsError(f'{self.root} exists: give a new folder')
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f'.{self.root.name}.', dir=self.root.parent))
+        self.videos: dict[str, _Video] = {}
+        self.episodes: list[_Episode] = []
+        self.current: _Episode | None = None
 
-    def write(self, root: Path) -> None:
-        """Write the dataset to ``root`` (which must not exist); nothing is left there if this fails."""
-        root = Path(root)
-        if root.exists():
-            raise FileExistsError(f'{root} exists: give a new folder')
-        if not self.episodes:
-            raise ValueError('no episode to write')
-        root.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f'.{root.name}.', dir=root.parent))
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is not None:
+            self.abort()
+
+    def start_episode(self, task: str) -> None:
+        """End the episode being written, if any, and start one of ``task``."""
+        self.end_episode()
+        self.current = _Episode(task)
+
+    def add_frame(self, state: np.ndarray, action: np.ndarray, frames: dict[str, np.ndarray]) -> None:
+        """Add a frame to the current episode: state, action (dataset units), camera name -> (H, W, 3) uint8."""
+        if self.videos and sorted(frames) != sorted(self.videos):
+            raise ValueError(f'every frame needs the same cameras ({sorted(self.videos)}), not {sorted(frames)}')
+        for camera, image in frames.items():
+            video = self.videos.get(camera)
+            if video is None:
+                path = self.staging / VIDEO_PATH.format(video_key=IMAGES + camera, chunk_index=0, file_index=0)
+                video = self.videos[camera] = _Video(path, self.fps, self.codec, image.shape)
+            if image.shape != video.shape:
+                raise ValueError(f'camera {camera!r} changes size ({video.shape[:2]} to {image.shape[:2]}): a '
+                                 'dataset video has one size')
+            video.add(image)
+            if len(self.current.states) % THUMB_EVERY == 0:
+                step = max(1, -(-max(image.shape[:2]) // THUMB_SIDE))
+                self.current.thumbnails.setdefault(camera, []).append(np.asarray(image)[::step, ::step])
+        self.current.states.append(np.asarray(state, np.float32))
+        self.current.actions.append(np.asarray(action, np.float32))
+
+    def end_episode(self) -> None:
+        """End the current episode (one without frames is dropped)."""
+        if self.current is not None and self.current.states:
+            self.episodes.append(self.current)
+        self.current = None
+
+    def finish(self) -> None:
+        """Write the tables and rename the folder to ``root``; ValueError (and nothing left) if no frame came."""
+        self.end_episode()
         try:
-            self._write(staging)
-            staging.rename(root)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if not self.episodes:
+                raise ValueError('no episode to write')
+            for video in self.videos.values():
+                video.close()
+            self._write(self.staging)
+            self.staging.rename(self.root)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Remove everything written so far."""
+        for video in self.videos.values():
+            try:
+                video.close(flush=False)
+            except Exception:  # noqa: B902 - already closed, or broken: the folder goes anyway
+                pass
+        self.videos = {}
+        shutil.rmtree(self.staging, ignore_errors=True)
 
     def _tasks(self) -> list[str]:
         return list(dict.fromkeys(e.task for e in self.episodes))
@@ -119,10 +178,7 @@ class DatasetWriter:
                             ('timestamp', pa.float32()), ('frame_index', pa.int64()), ('episode_index', pa.int64()),
                             ('index', pa.int64()), ('task_index', pa.int64())])
         pq.write_table(pa.table(columns, schema=schema), root / DATA_PATH.format(chunk_index=0, file_index=0))
-        cameras = list(self.episodes[0].frames)
-        for camera in cameras:
-            encode_video(root / VIDEO_PATH.format(video_key=IMAGES + camera, chunk_index=0, file_index=0),
-                         np.concatenate([e.frames[camera] for e in self.episodes]), self.fps, self.codec)
+        cameras = list(self.videos)
         episode_rows, stats = self._episode_rows(tasks, cameras)
         (root / 'meta/episodes/chunk-000').mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(episode_rows), root / 'meta/episodes/chunk-000/file-000.parquet')
@@ -144,8 +200,8 @@ class DatasetWriter:
         index = 0
         for number, episode in enumerate(self.episodes):
             n = len(episode.states)
-            columns[STATE_KEY] += episode.states.tolist()
-            columns['action'] += episode.actions.tolist()
+            columns[STATE_KEY] += np.asarray(episode.states).tolist()
+            columns['action'] += np.asarray(episode.actions).tolist()
             columns['timestamp'] += (np.arange(n, dtype=np.float32) / np.float32(self.fps)).tolist()
             columns['frame_index'] += list(range(n))
             columns['episode_index'] += [number] * n
@@ -164,14 +220,15 @@ class DatasetWriter:
                 key = f'videos/{IMAGES}{camera}'
                 row.update({f'{key}/chunk_index': 0, f'{key}/file_index': 0, f'{key}/from_timestamp': start / self.fps,
                             f'{key}/to_timestamp': (start + n) / self.fps})
-            values = {STATE_KEY: episode.states, 'action': episode.actions,
+            values = {STATE_KEY: np.asarray(episode.states), 'action': np.asarray(episode.actions),
                       'timestamp': np.arange(n, dtype=np.float32)[:, None] / np.float32(self.fps),
                       'frame_index': np.arange(n)[:, None], 'episode_index': np.full((n, 1), number),
                       'index': np.arange(start, start + n)[:, None],
                       'task_index': np.full((n, 1), tasks.index(episode.task))}
             stats = {key: feature_stats(v) for key, v in values.items()}
             for camera in cameras:
-                stats[IMAGES + camera] = feature_stats(episode.frames[camera].transpose(0, 3, 1, 2) / 255.0, (0, 2, 3))
+                thumbnails = np.stack(episode.thumbnails[camera]).transpose(0, 3, 1, 2) / 255.0
+                stats[IMAGES + camera] = feature_stats(thumbnails, (0, 2, 3))
             for key, feature in stats.items():
                 for name, value in feature.items():
                     every.setdefault(key, {}).setdefault(name, []).append(np.asarray(value, dtype=np.float64))
@@ -185,7 +242,7 @@ class DatasetWriter:
         features = {STATE_KEY: {'dtype': 'float32', 'shape': [len(self.state_names)], 'names': self.state_names},
                     'action': {'dtype': 'float32', 'shape': [len(self.action_names)], 'names': self.action_names}}
         for camera in cameras:
-            height, width = self.episodes[0].frames[camera].shape[1:3]
+            height, width = self.videos[camera].shape[:2]
             features[IMAGES + camera] = {
                 'dtype': 'video', 'shape': [height, width, 3], 'names': ['height', 'width', 'channels'],
                 'info': {'video.height': height, 'video.width': width, 'video.codec': self.codec,

@@ -21,7 +21,6 @@ aligned), a camera changing size, nothing complete to export.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import math
 from pathlib import Path
 from typing import Any
@@ -37,26 +36,20 @@ class ExportError(ValueError):
     """A bag that cannot be exported as a dataset, with the reason."""
 
 
-@dataclass
-class _Episode:
-    task: str
-    states: list = field(default_factory=list)
-    actions: list = field(default_factory=list)
-    frames: dict = field(default_factory=dict)
-
-
 class _Sampler:
-    """The inputs as the node keeps them, sampled every 1 / fps into episodes."""
+    """The inputs as the node keeps them, sampled every 1 / fps into the writer's episodes."""
 
-    def __init__(self, settings: Any, topics: _Topics, fps: int, gap: float, leader: str | None) -> None:
+    def __init__(self, settings: Any, topics: _Topics, fps: int, gap: float, leader: str | None,
+                 writer: DatasetWriter) -> None:
         self.settings, self.topics, self.fps, self.gap, self.leader = settings, topics, fps, gap, leader
+        self.writer = writer
         self.inputs = _Recorder(settings)
         self.joints = {name: i for i, name in enumerate(settings.joint_names)}
         self.leader_positions = np.full(len(settings.joint_names), np.nan)
         self.frame_times: dict[str, float] = {}
         self.joint_time = -math.inf
-        self.episodes: list[_Episode] = []
-        self.current: _Episode | None = None
+        self.episodes: list[tuple[str, int]] = []         # (task, frames) of each episode written
+        self.task: str | None = None                        # the episode being written's, None: none is
         self.start: float | None = None           # the first tick; tick k is at start + k / fps
         self.ticks = 0
 
@@ -68,9 +61,8 @@ class _Sampler:
         return self.inputs.ready() and bool(np.all(np.isfinite(self.action())))
 
     def close(self) -> None:
-        if self.current is not None and self.current.states:
-            self.episodes.append(self.current)
-        self.current = None
+        self.writer.end_episode()
+        self.task = None
 
     def take(self, topic: str, msg: Any, t: float) -> None:
         """Sample the ticks before ``t``, then hand the message over."""
@@ -97,24 +89,23 @@ class _Sampler:
             self.close()
             return
         task = self.inputs.instruction
-        if self.current is not None and self.current.task != task:
+        if self.task is not None and self.task != task:
             self.close()
         for camera, stamp in self.frame_times.items():
             if t - stamp > 2.0 / self.fps:
                 raise ExportError(f'camera {camera!r}: its newest frame is {t - stamp:.3f} s old at {t:.3f} s into '
                                   f'the bag, more than two frames at {self.fps} fps: its rate cannot be aligned '
                                   '(export at a lower --fps)')
-        if self.current is None:
-            self.current = _Episode(task)
+        if self.task is None:
+            self.writer.start_episode(task)
+            self.task = task
+            self.episodes.append((task, 0))
         observation = self.inputs.observation()
-        self.current.states.append(observation['state'])
-        self.current.actions.append(self.action().astype(np.float32))
-        for camera, image in observation['images'].items():
-            frames = self.current.frames.setdefault(camera, [])
-            if frames and frames[0].shape != image.shape:
-                raise ExportError(f'camera {camera!r} changes size ({frames[0].shape[:2]} to {image.shape[:2]}) at '
-                                  f'{t:.3f} s: a dataset video has one size')
-            frames.append(image)
+        try:
+            self.writer.add_frame(observation['state'], self.action(), observation['images'])
+        except ValueError as error:
+            raise ExportError(f'{error} (at {t:.3f} s into the bag)') from None
+        self.episodes[-1] = (task, self.episodes[-1][1] + 1)
 
 
 def export_bag(bag: str, settings: Any, output: str | Path, fps: float | None = None, leader: str | None = None,
@@ -130,26 +121,23 @@ def export_bag(bag: str, settings: Any, output: str | Path, fps: float | None = 
         raise ExportError(f'{output} exists: give a new folder')
     topics = _Topics.of(settings, namespace, node)
     _check_topics(bag, topics, leader)
-    sampler = _Sampler(settings, topics, int(fps), gap, leader)
-    start = None
-    for topic, _, msg, log_time in read_messages(bag, topics.all() | ({leader} if leader else set())):
-        start = log_time if start is None else start
-        sampler.take(topic, msg, (log_time - start) * 1e-9)
-    sampler.close()
-    try:
-        sampler.inputs.check({'instruction': topics.instruction, 'episode': topics.episode})
-    except ValueError as error:
-        raise ExportError(str(error)) from None
-    if not sampler.episodes:
-        raise ExportError('no moment of the bag holds every input and an action (an instruction, a frame of every '
-                          'camera, every joint, a command of every group or the leader): nothing to export')
     names = [f'{joint}.pos' for joint in settings.joint_names]
-    writer = DatasetWriter(int(fps), names, names, robot_type, codec)
-    for episode in sampler.episodes:
-        writer.add_episode(episode.task, np.array(episode.states), np.array(episode.actions),
-                           {camera: np.stack(frames) for camera, frames in episode.frames.items()})
-    writer.write(Path(output))
-    return [(e.task, len(e.states)) for e in sampler.episodes]
+    with DatasetWriter(output, int(fps), names, names, robot_type, codec) as writer:
+        sampler = _Sampler(settings, topics, int(fps), gap, leader, writer)
+        start = None
+        for topic, _, msg, log_time in read_messages(bag, topics.all() | ({leader} if leader else set())):
+            start = log_time if start is None else start
+            sampler.take(topic, msg, (log_time - start) * 1e-9)
+        sampler.close()
+        try:
+            sampler.inputs.check({'instruction': topics.instruction, 'episode': topics.episode})
+        except ValueError as error:
+            raise ExportError(str(error)) from None
+        if not sampler.episodes:
+            raise ExportError('no moment of the bag holds every input and an action (an instruction, a frame of '
+                              'every camera, every joint, a command of every group or the leader): nothing to export')
+        writer.finish()
+    return sampler.episodes
 
 
 def _check_topics(bag: str, topics: _Topics, leader: str | None) -> None:
