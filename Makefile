@@ -171,8 +171,27 @@ lerobot-fixtures:
 	tools/lerobot/setup_env.sh 0.6.1 .venv-lerobot061
 	.venv-lerobot061/bin/python tools/lerobot/make_fixtures.py
 	.venv-lerobot061/bin/python tools/lerobot/make_rtc_fixture.py test/fixtures/lerobot061/smolvla
+	.venv-lerobot061/bin/python tools/lerobot/make_dataset_fixtures.py test/fixtures/lerobot061/datasets
 	tools/lerobot/setup_env.sh 0.5.1 .venv-lerobot051
 	.venv-lerobot051/bin/python tools/lerobot/make_fixtures.py
+
+# Optional, for developers: LeRobot 0.6.1 opens a dataset exported from a (synthetic) bag with the
+# same values as the project's reader, and lerobot-train runs 3 steps of the shipped SO-101 policy,
+# exported for LeRobot 0.6, on it (tools/lerobot/check_export.py).
+EXPORT_CHECK := build/lerobot-export-check
+EXPORT_PARAMS := --params-file config/so101.yaml -p 'camera_names:=[front]' \
+    -p 'camera_topics:=[camera/front/image_raw]' -p 'camera_transports:=[raw]' -p control_rate_hz:=10.0
+.PHONY: lerobot-export-check
+lerobot-export-check:
+	rm -rf $(EXPORT_CHECK) && mkdir -p $(EXPORT_CHECK)
+	$(PYTHON) -m benchmarks.synthetic_bag $(EXPORT_CHECK)/run.mcap $(EXPORT_PARAMS) -p allow_random_weights:=true \
+	    --seconds 4 --width 64 --height 64 --camera-hz 10 --later-task 'put it in the box'
+	$(VENV)/bin/vla-policy-replay $(EXPORT_CHECK)/run.mcap $(EXPORT_PARAMS) --robot-type so101_follower \
+	    --export-dataset $(EXPORT_CHECK)/so101_runs
+	$(VENV)/bin/vla-policy-train --export-from vla_policy_node/sim/so101/touch_policy \
+	    --output $(EXPORT_CHECK)/policy --lerobot-version 0.6
+	.venv-lerobot061/bin/python tools/lerobot/check_export.py $(EXPORT_CHECK)/so101_runs \
+	    --policy $(EXPORT_CHECK)/policy --output $(EXPORT_CHECK)/train
 
 # Optional: LeRobot 0.4.4 in its own environment (it pins torch<2.11) for vla-policy-bench's
 # LeRobot column; several GB (PyPI's x86_64 torch is a CUDA build, run on the CPU here).

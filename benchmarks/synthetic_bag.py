@@ -19,14 +19,15 @@ from vla_policy_node.replay.bag import BagWriter
 def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: float = 3.0,
                             image_size: tuple[int, int] = (48, 64), camera_hz: float = 15.0,
                             joint_hz: float = 50.0, command_hz: float = 20.0,
-                            task: str = 'pick up the red cube') -> None:
+                            task: str = 'pick up the red cube', later_tasks: tuple[str, ...] = ()) -> None:
     """
     Record a made-up episode for ``settings`` (the node's): what its topics would carry.
 
     Joints follow slow sines; the commands lead the measured joints by 0.1 s (a teleoperated
     arm's commands run ahead of its state); cameras are raw or jpeg per
     ``camera_transports``, of a camera-like scene (``benchmarks.decode.scene``) panning slowly. For
-    the tests and the replay benchmark.
+    the tests and the replay benchmark. ``later_tasks`` are instructions sent at equal intervals after ``task``
+    (a recording of several episodes).
     """
     from sensor_msgs.msg import JointState
     from std_msgs.msg import String
@@ -61,14 +62,17 @@ def write_synthetic_episode(path: str | os.PathLike, settings: Any, seconds: flo
     with BagWriter(path) as writer:
         sink = Sink(writer)
         outputs = CommandOutputs(sink, settings.command_groups, qos=None, watch=False)
-        events = sorted([(t, 'joints') for t in np.arange(0.0, seconds, 1.0 / joint_hz)]
+        switches = [(seconds * (i + 1) / (len(later_tasks) + 1), 'task', text) for i, text in enumerate(later_tasks)]
+        events = sorted(switches + [(t, 'joints') for t in np.arange(0.0, seconds, 1.0 / joint_hz)]
                         + [(t, 'camera') for t in np.arange(0.0, seconds, 1.0 / camera_hz)]
                         + [(t, 'command') for t in np.arange(0.0, seconds, 1.0 / command_hz)])
         start = 1_700_000_000 * 10**9
         writer.write('/' + settings.instruction_topic.lstrip('/'), String(data=task), start)
-        for t, kind in events:
+        for t, kind, *text in events:
             sink.now = start + int(round(t * 1e9)) + 1
-            if kind == 'joints':
+            if kind == 'task':
+                writer.write('/' + settings.instruction_topic.lstrip('/'), String(data=text[0]), sink.now)
+            elif kind == 'joints':
                 writer.write('/' + settings.joint_states_topic.lstrip('/'),
                              JointState(name=list(settings.joint_names),
                                         position=position(t).tolist()), sink.now)
@@ -95,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--width', type=int, default=640)
     parser.add_argument('--height', type=int, default=480)
     parser.add_argument('--camera-hz', type=float, default=30.0)
+    parser.add_argument('--later-task', action='append', default=[], help='an instruction sent later (repeatable)')
     args = parser.parse_args(argv)
     settings = settings_from_files(args.params_file, args.param)
     write_synthetic_episode(args.output, settings, args.seconds, (args.height, args.width),
-                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz)
+                            camera_hz=args.camera_hz, command_hz=settings.control_rate_hz,
+                            later_tasks=tuple(args.later_task))
     print(f'wrote {args.output}: {args.seconds:g} s, {Path(args.output).stat().st_size / 2**20:.1f} MiB')
     return 0
 

@@ -466,3 +466,12 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     replayed = replay(str(bag), settings_from_files([str(DEFAULT_CONFIG), str(groups)]), policy)
     assert replayed.goals['arm']['sent'] >= 20 and replayed.goals['gripper']['sent'] >= 20, replayed.goals
     assert 'touch the cube' in policy.tasks and 'pick up the cube' in policy.tasks
+    # The same session exported as a LeRobotDataset: the action groups' goals are the actions, the task goal an episode.
+    from vla_policy_node.dataset.reader import Dataset
+    from vla_policy_node.replay.bag_export import export_bag
+    settings = settings_from_files([str(DEFAULT_CONFIG), str(groups)])
+    episodes = export_bag(str(bag), settings, tmp_path / 'dataset', fps=10)
+    dataset = Dataset(tmp_path / 'dataset')
+    assert {'touch the cube', 'pick up the cube'} <= set(dataset.tasks.values()), episodes
+    data = dataset.episode(next(e.index for e in dataset.episodes if e.tasks == ('touch the cube',)))
+    assert data.actions.shape[1] == len(settings.joint_names) and np.all(np.isfinite(data.actions))

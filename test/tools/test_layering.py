@@ -4,7 +4,7 @@ Architecture guards: which room may import which, torch and ROS where they belon
 
 The rooms, from the bottom: ``control`` (numpy only: the loop, scheduling, safety), ``model``
 (the network), ``runtime`` (running it), ``loading`` (checkpoints -> a Policy), ``server``
-(batching), ``sim`` and ``train``; on top ``ros`` (the only ROS layer), ``replay`` and ``bench``.
+(batching), ``sim``, ``dataset`` and ``train``; on top ``ros`` (the only ROS layer), ``replay`` and ``bench``.
 ``benchmarks/`` beside the package (developers' benchmarks, not installed) may import anything;
 nothing installed imports it.
 """
@@ -25,6 +25,7 @@ MAY_IMPORT = {
     "loading": {"model", "runtime", "control"},
     "server": {"control", "runtime"},
     "sim": set(),
+    "dataset": set(),              # LeRobotDataset files: pyarrow and PyAV only
     "train": {"model", "runtime", "loading", "control", "sim"},
 }
 

@@ -37,7 +37,8 @@ case "$VERSION" in
               requests pillow scipy num2words accelerate opencv-python-headless gymnasium deepdiff jsonlines
               datasets pandas pyarrow imageio diffusers pyserial av) ;;
   0.6.*) PKGS=(numpy huggingface-hub safetensors transformers draccus einops packaging termcolor tqdm requests
-              pillow scipy num2words accelerate opencv-python-headless gymnasium) ;;
+              pillow scipy num2words accelerate opencv-python-headless gymnasium
+              "datasets==4.8.5" "pandas==2.3.3" "pyarrow==26.0.1" "av==15.1.0" "jsonlines==4.0.0") ;;
   0.5.*) PKGS=(numpy huggingface-hub safetensors transformers draccus einops packaging termcolor tqdm requests
               pillow scipy num2words accelerate opencv-python-headless gymnasium deepdiff
               pandas pyarrow datasets av imageio diffusers pyserial) ;;

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import struct
@@ -43,6 +44,9 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2
                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
+log = logging.getLogger(__name__)
+
+
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded, with the reason."""
 
@@ -60,12 +64,31 @@ def checkpoint_dir(path: str | Path, allowed_roots: Sequence[str | Path] = ()) -
     folder = Path(path).expanduser()
     if not folder.exists() and HUB_ID.fullmatch(str(path)):
         folder = hub_snapshot(str(path))
-    folder = folder.resolve()
+    folder = training_folder(folder.resolve())
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     roots = [Path(r).expanduser().resolve() for r in allowed_roots]
     if roots and not any(folder == r or r in folder.parents for r in roots):
         raise CheckpointError(f"checkpoint folder {folder} is outside the allowed roots {[str(r) for r in roots]}")
+    return folder
+
+
+def training_folder(folder: Path) -> Path:
+    """
+    Return the policy folder of a LeRobot training folder, else ``folder``.
+
+    ``lerobot-train`` saves ``<run>/checkpoints/<step>/pretrained_model/`` (``last`` links the newest
+    step) and prints the step folder: that folder, ``checkpoints/``, and the run folder resolve to
+    the ``pretrained_model/`` inside, with a log line saying so.
+    """
+    if (folder / "config.json").is_file():
+        return folder
+    for inner in ("pretrained_model", "last/pretrained_model", "checkpoints/last/pretrained_model"):
+        candidate = folder / inner
+        if (candidate / "config.json").is_file():
+            resolved = candidate.resolve()
+            log.info("%s is a LeRobot training folder: loading the policy it saved, %s", folder, resolved)
+            return resolved
     return folder
 
 

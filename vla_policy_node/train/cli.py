@@ -27,6 +27,8 @@ import argparse
 from dataclasses import asdict, dataclass
 import json
 import math
+import shutil
+import sys
 from pathlib import Path
 import time
 
@@ -302,7 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(cfg, args.output, lerobot_version=args.lerobot_version)
     print(json.dumps(summary, indent=2))
     print(f"checkpoint: {args.output}  loss curve: {args.output / 'loss_curve.png'}")
+    print(lerobot_hint(args.output))
     return 0
+
+
+def lerobot_hint(folder: Path) -> str:
+    """Say how LeRobot loads an export: from inside it (its backbone is the relative folder ``vlm``), offline."""
+    return (f"LeRobot loads it from inside the folder (the backbone is the relative name 'vlm'): cd {folder} && "
+            "HF_HUB_OFFLINE=1 lerobot-eval --policy.path=. ... (docs/checkpoints.md)")
 
 
 def _train_worker(worker: Worker, cfg: TrainConfig, output: Path,
@@ -311,7 +320,19 @@ def _train_worker(worker: Worker, cfg: TrainConfig, output: Path,
 
 
 def export_only(source: Path, output: Path, lerobot_version: str) -> int:
-    """``--export-from``: re-export a checkpoint for ``lerobot_version``; it must act as the source did."""
+    """``--export-from``: one line and no new folder left behind when ``source`` cannot be exported."""
+    created = not output.exists()
+    try:
+        return _export(source, output, lerobot_version)
+    except (ValueError, KeyError, OSError) as error:     # CheckpointError is a ValueError
+        if created:
+            shutil.rmtree(output, ignore_errors=True)
+        print(f"vla-policy-train: --export-from {source}: {error}", file=sys.stderr)
+        return 1
+
+
+def _export(source: Path, output: Path, lerobot_version: str) -> int:
+    """Re-export a checkpoint for ``lerobot_version``; it must act as the source did."""
     saved = export.read_checkpoint(source)
     obs = export.sample_observation(saved.config, seed=0)
     cfg = saved.model.config
@@ -327,6 +348,7 @@ def export_only(source: Path, output: Path, lerobot_version: str) -> int:
     if not difference <= 1e-5:
         print("error: the exported checkpoint does not act as the source did")
         return 1
+    print(lerobot_hint(output))
     return 0
 
 

@@ -176,7 +176,9 @@ def save_checkpoint(folder: Path, model: nn.Module, config: dict, vlm_config: Op
         raise ValueError(f"config vlm_model_name must be {VLM_FOLDER!r} (the backbone folder the export writes), "
                          f"got {lerobot_config['vlm_model_name']!r}")
     tok = smolvlm_tokenizer(tokenizer, lerobot_version)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    # A checkpoint's embedding may have more rows than its tokenizer ids (SmolVLM2's 49,280 rows with a
+    # small tokenizer, as the bench's SmolVLA-size checkpoint): the rows are kept, the ids index into them.
+    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), model.state_dict()[EMBED_KEY].shape[0])
     ids = {"pad": tok.token_to_id(PAD_TOKEN), "image": tok.token_to_id(IMAGE_TOKENS["image_token"]),
            "eos": tok.token_to_id(IMAGE_TOKENS["end_of_utterance_token"])}
 
@@ -298,6 +300,7 @@ def read_checkpoint(folder: Path) -> SavedCheckpoint:
     post, _, _ = ckpt.lerobot_processor_stats(folder, "policy_postprocessor.json", "unnormalizer_processor")
     tokenizer = Tokenizer.from_file(str(ckpt.tokenizer_file(folder, vlm_name)))
     merged = {**config, **{k: v for k, v in settings.items() if k not in ALL_LEROBOT_FIELDS}}
+    merged["vlm_model_name"] = VLM_FOLDER      # a LeRobot-saved backbone folder may have another name: written to vlm/
     return SavedCheckpoint(model, merged, vlm_config, tokenizer, dict(pre["observation.state"]),
                            dict(post["action"]), settings, generation)
 

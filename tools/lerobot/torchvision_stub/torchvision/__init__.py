@@ -9,6 +9,9 @@ every attribute exists, classes can even be subclassed, but calling or instantia
 ``torchvision-*.dist-info`` (``importlib.metadata`` does not see it), but transformers 5 detects packages with
 ``importlib.util.find_spec`` only, so ``transformers.utils.is_torchvision_available()`` returns True; nothing on the
 SmolVLA / pi0 / pi0.5 inference paths calls into torchvision (the fixture generator and checker run with it).
+
+One transform is real: ``torchvision.transforms.ToTensor``, which LeRobot's image (non-video) datasets call
+on every PIL frame they read (``lerobot.datasets.io_utils.pil_to_chw_tensor``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,22 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         parent, _, child = module.__name__.rpartition(".")
         setattr(sys.modules[parent], child, module)
+        if module.__name__ == __name__ + ".transforms":
+            module.ToTensor = ToTensor
+
+
+class ToTensor:
+    """torchvision's ToTensor: a PIL image or (H, W, C) array -> float32 (C, H, W), uint8 scaled to [0, 1]."""
+
+    def __call__(self, pic):
+        import numpy as np
+        import torch
+
+        array = np.array(pic)
+        if array.ndim == 2:
+            array = array[:, :, None]
+        tensor = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+        return tensor.float().div(255) if tensor.dtype == torch.uint8 else tensor
 
 
 if not any(isinstance(f, _Finder) for f in sys.meta_path):
@@ -78,6 +97,10 @@ if not any(isinstance(f, _Finder) for f in sys.meta_path):
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
+    if name == "transforms":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.transforms")
     obj = _make(f"{__name__}.{name}")
     globals()[name] = obj
     return obj
