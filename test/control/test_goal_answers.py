@@ -199,7 +199,7 @@ def test_a_goal_unanswered_too_long_is_given_up_and_cancelled_when_accepted_late
     answers = GoalAnswers('/arm', counters)
     assert answers.may_send()
     answers.sent(1, 0.0, 0.0, 0.05, 0.05)
-    assert not answers.may_send(), 'held back while one is unanswered: a hung controller queues one goal, not one a tick'
+    assert not answers.may_send(), 'held back while unanswered: a hung controller queues one goal, not one a tick'
     assert answers.refusal(RESPONSE_TIMEOUT_S) is None
     assert 'gave no answer to a goal request within' in answers.refusal(RESPONSE_TIMEOUT_S + 0.01)
     assert counters['command_goals_unanswered'] == 1 and answers.unanswered == [1]
