@@ -75,8 +75,11 @@ def run_direct(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps
 
     policy = load_policy(checkpoint, device='cpu')
     env = make_env(robot, max_steps=max_steps)
-    return evaluate(env, policy_chunk_fn(policy, env), episodes, seed, execute=max(1, policy.chunk_size // 2),
-                    instruction=instruction or None)
+    try:
+        return evaluate(env, policy_chunk_fn(policy, env), episodes, seed, execute=max(1, policy.chunk_size // 2),
+                        instruction=instruction or None)
+    finally:
+        env.close()
 
 
 def run_dds(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str,

@@ -304,7 +304,7 @@ class SimRobot(Node):
         return self._reset_future is not None and not self._reset_future.done()
 
     def _on_reset_done(self) -> None:
-        """The node's reset answers the episode's first tick."""
+        """Take the node's reset as its answer to the episode's first tick."""
         self._pace.answer(math.inf)
         self._answered.trigger()
 
@@ -402,6 +402,12 @@ class SimRobot(Node):
         save_gif(frames, gif, 1.0 / self._camera_rate, captions=captions)
         save_strip(frames, png, captions=captions)
         print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
+
+    def destroy_node(self) -> None:
+        """Destroy the node, then release the simulation (the SO-101's renderer)."""
+        super().destroy_node()
+        if hasattr(self, '_env'):          # not when a parameter was refused
+            self._env.close()
 
     def summary(self) -> str:
         """Return the success rate line."""
