@@ -139,7 +139,7 @@ demo: install
 # Retrain the shipped SO-101 policy from scripted demonstrations in LeRobot's SO-101 units, seeded:
 # vla-policy-train's defaults, 1,200 expert episodes, 10,000 steps of batch 64 over two
 # data-parallel workers of one core each (BENCHMARKS.md "Task success" has the time). The planar
-# test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/touch_policy
+# test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/planar/touch_policy
 train: install
 	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/so101/touch_policy
 
