@@ -161,3 +161,20 @@ def test_the_installed_node_with_sim_time_answers_every_tick_and_its_first_chunk
     assert sum(r.success for r in robot.reports) >= 2, robot.reports
     # The first chunk is computed while the simulation waits: its command comes one tick after the reset.
     assert all(r.first_command_ms <= 2 * DT * 1e3 + 1e-3 for r in robot.reports), robot.reports
+
+
+def test_sim_eval_runs_through_the_node_in_lockstep_and_in_real_time_when_asked(monkeypatch, capsys):
+    from unittest import mock
+
+    from vla_policy_node.ros.sim import evaluation
+    domain_id = next_domain_id()
+    for key, value in ros_env(domain_id).items():
+        if key.startswith('ROS_'):
+            monkeypatch.setenv(key, value)
+    assert evaluation.main(['--robot', 'planar', '--episodes', '2', '--no-direct', '--seed', '11']) == 0
+    out = capsys.readouterr().out
+    assert 'through the node (DDS)' in out and 'success 2/2' in out, out
+    done = [mock.Mock(success=True, steps=5)]
+    with mock.patch.object(evaluation, 'run_dds', return_value=done) as run:      # the flag reaches the robot
+        evaluation.main(['--robot', 'planar', '--episodes', '1', '--no-direct', '--real-time'])
+    assert run.call_args.kwargs['lockstep'] is False
