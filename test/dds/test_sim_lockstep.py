@@ -178,3 +178,39 @@ def test_sim_eval_runs_through_the_node_in_lockstep_and_in_real_time_when_asked(
     with mock.patch.object(evaluation, 'run_dds', return_value=done) as run:      # the flag reaches the robot
         evaluation.main(['--robot', 'planar', '--episodes', '1', '--no-direct', '--real-time'])
     assert run.call_args.kwargs['lockstep'] is False
+
+
+def test_a_tick_that_finds_a_chunk_being_computed_is_answered_once_the_chunk_is_in():
+    from vla_policy_node.ros.tick_answers import TickAnswers
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=next_domain_id())
+    node = rclpy.create_node('vla_policy_node', context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    try:
+        busy = [True]
+        answers = TickAnswers(node, lambda: busy[0])
+        heard: list[Time] = []
+        node.create_subscription(Time, '/vla_policy_node/tick_done', heard.append, TICK_DONE_QOS)
+
+        def spin(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                executor.spin_once(timeout_sec=0.01)
+        answers.ticked()                        # inference busy: the tick waits
+        spin(0.5)
+        assert heard == []
+        busy[0] = False
+        answers.result_in()                     # the chunk is in (from the inference thread)
+        spin(0.5)
+        assert len(heard) == 1
+        answers.ticked()                        # nothing computed: answered at once
+        spin(0.5)
+        assert len(heard) == 2
+        answers.result_in()                     # a result with no tick waiting answers nothing more
+        spin(0.3)
+        assert len(heard) == 2
+    finally:
+        executor.shutdown(timeout_sec=1.0)
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
