@@ -85,7 +85,12 @@ class EpisodeReport:
 
 
 class SimRobot(Node):
-    """The simulated arm, its camera and the episode loop."""
+    """
+    The simulated arm, its camera and the episode loop.
+
+    Over 300 lines: the controllers, the sensors, the clock and the episodes all read and
+    step the one simulation (physics, followers, phase), as a robot driver with ros2_control does.
+    """
 
     def __init__(self, **node_options) -> None:
         super().__init__('vla_policy_sim_robot', **node_options)
@@ -156,6 +161,10 @@ class SimRobot(Node):
         if forward_topic and interface == 'joint_trajectory':
             self.create_subscription(Float64MultiArray, forward_topic, self._on_forward, COMMAND_QOS)
         self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
+        self._keep_time(policy_node, physics_rate, camera_rate, control_rate)
+
+    def _keep_time(self, policy_node: str, physics_rate: float, camera_rate: float, control_rate: float) -> None:
+        """Lockstep: /clock, the node's answers and a real-time pacer; else timers on the wall clock."""
         if self._lockstep:
             self._clock_pub = self.create_publisher(Clock, '/clock', CLOCK_QOS)
             self.create_subscription(Time, f'{policy_node}/tick_done', self._on_tick_done, TICK_DONE_QOS)
