@@ -155,12 +155,14 @@ def test_the_installed_node_with_sim_time_answers_every_tick_and_its_first_chunk
         monkeypatch, tmp_path):
     sim_time = tmp_path / 'sim_time.yaml'
     sim_time.write_text('/**/vla_policy_node:\n  ros__parameters:\n    use_sim_time: true\n')
-    robot, _ = sim_episodes(monkeypatch, [DEFAULT_CONFIG, PLANAR_CONFIG, sim_time], PLANAR_CHECKPOINT,
-                            PLANAR_CONFIG, {'episodes': 3, 'seed': 11, 'lockstep': True, 'lockstep_timeout': 10.0})
+    robot, output = sim_episodes(monkeypatch, [DEFAULT_CONFIG, PLANAR_CONFIG, sim_time], PLANAR_CHECKPOINT,
+                                 PLANAR_CONFIG, {'episodes': 3, 'seed': 11, 'lockstep': True, 'lockstep_timeout': 10.0})
     assert [r.unanswered for r in robot.reports] == [0, 0, 0], robot.reports
     assert sum(r.success for r in robot.reports) >= 2, robot.reports
     # The first chunk is computed while the simulation waits: its command comes one tick after the reset.
     assert all(r.first_command_ms <= 2 * DT * 1e3 + 1e-3 for r in robot.reports), robot.reports
+    # Nor does any later chunk: the node starves (holds for want of actions) only as an episode starts.
+    assert output.count('holding: waiting for actions from the policy') <= len(robot.reports), output[-3000:]
 
 
 def test_sim_eval_runs_through_the_node_in_lockstep_and_in_real_time_when_asked(monkeypatch, capsys):
