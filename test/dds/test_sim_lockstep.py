@@ -162,7 +162,8 @@ def test_the_installed_node_with_sim_time_answers_every_tick_and_its_first_chunk
     # The first chunk is computed while the simulation waits: its command comes one tick after the reset.
     assert all(r.first_command_ms <= 2 * DT * 1e3 + 1e-3 for r in robot.reports), robot.reports
     # Nor does any later chunk: the node starves (holds for want of actions) only as an episode starts.
-    assert output.count('holding: waiting for actions from the policy') <= len(robot.reports), output[-3000:]
+    assert output.count(']: holding: waiting for actions from the policy') <= len(robot.reports), output[-3000:]
+    assert 'ahead of the node clock' not in output         # /clock goes out before the stamps of its step
 
 
 def test_sim_eval_runs_through_the_node_in_lockstep_and_in_real_time_when_asked(monkeypatch, capsys):

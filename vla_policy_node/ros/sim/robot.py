@@ -288,17 +288,28 @@ class SimRobot(Node):
 
     # ------------------------------------------------------------------ lockstep
     def _step(self) -> None:
-        """Run one control period of physics, the episode's tick, then publish the sensors and /clock."""
+        """
+        Run one control period of physics and the episode's tick; publish the sensors and the new /clock.
+
+        In an episode the sensors go out first, so the node's tick that the /clock starts sees
+        them (their stamps are then one period ahead of the node's clock until it arrives,
+        which the node accepts). Otherwise the /clock goes first: a node just started has heard
+        no /clock yet and would refuse stamps seconds ahead of its zero.
+        """
         start, dt = self._sim_time, self._env.dt
         for i in range(1, self._substeps + 1):
             self._env.drive(self._target(start + i * dt / self._substeps), dt / self._substeps)
         self._sim_time = start + dt
         self._pace.stepped(self._sim_time)
+        running = self._phase == 'running'
+        if not running:
+            self._clock_pub.publish(Clock(clock=self._stamp()))
         self._after_physics()
         self._on_episode_tick()
         if self._sim_time + 1e-9 >= self._camera_due:
             self._on_camera_tick()
-        self._clock_pub.publish(Clock(clock=self._stamp()))
+        if running:
+            self._clock_pub.publish(Clock(clock=self._stamp()))
 
     def _on_tick_done(self, msg: Time) -> None:
         late = self._pace.late
