@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Both simulated robots keep the typed contract (``sim.robots.SimEnv``) that training, rollouts and the ROS robot use."""
+"""Both simulated robots keep the typed contract (``sim.robots.SimEnv``) that training, rollouts and ROS use."""
 
 import numpy as np
 import pytest
