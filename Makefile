@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 DEMO_EPISODES ?= 10
+# true: the simulated robot keeps time in lockstep with the node (/clock, use_sim_time); false: real time.
+DEMO_LOCKSTEP ?= true
 
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 export ROS_LOCALHOST_ONLY := 1
@@ -123,20 +125,21 @@ $(VENV)/.install-stamp: $(VENV)/.setup-stamp $(INTERFACES_STAMP) $(LAUNCH_STAMP)
 # reading default.yaml, so101.yaml (the arm's units, controllers, limits) and demo.yaml; the
 # robot prints each episode and the success rate and saves the first one, captioned, as
 # demo_episode.gif / demo_episode.png. The node is stopped with SIGTERM (it publishes a hold).
+# Lockstep unless `make demo DEMO_LOCKSTEP=false` (real time: physics on the wall clock).
 demo: install
 	@ckpt=$$($(PYTHON) -m vla_policy_node.sim checkpoint so101) || exit 1; \
-	echo "vla_policy_node demo: the shipped SO-101 policy, $(DEMO_EPISODES) episodes, ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"; \
+	echo "vla_policy_node demo: the shipped SO-101 policy, $(DEMO_EPISODES) episodes, lockstep $(DEMO_LOCKSTEP), ROS_DOMAIN_ID=$(ROS_DOMAIN_ID)"; \
 	$(VENV)/bin/vla_policy_node --ros-args --params-file config/default.yaml --params-file config/so101.yaml \
-	    --params-file config/demo.yaml -p checkpoint:=$$ckpt --log-level ERROR & node=$$!; \
+	    --params-file config/demo.yaml -p checkpoint:=$$ckpt -p use_sim_time:=$(DEMO_LOCKSTEP) --log-level ERROR & node=$$!; \
 	trap 'kill -TERM $$node 2>/dev/null || true' EXIT; \
-	$(VENV)/bin/vla_policy_sim_robot --ros-args --params-file config/demo.yaml \
+	$(VENV)/bin/vla_policy_sim_robot --ros-args --params-file config/demo.yaml -p lockstep:=$(DEMO_LOCKSTEP) \
 	    -p episodes:=$(DEMO_EPISODES) -p record_prefix:=demo_episode --log-level WARN; status=$$?; \
 	kill -TERM $$node; wait $$node; exit $$status
 
 # Retrain the shipped SO-101 policy from scripted demonstrations in LeRobot's SO-101 units, seeded:
 # vla-policy-train's defaults, 1,200 expert episodes, 10,000 steps of batch 64 over two
 # data-parallel workers of one core each (BENCHMARKS.md "Task success" has the time). The planar
-# test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/touch_policy
+# test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/planar/touch_policy
 train: install
 	$(VENV)/bin/vla-policy-train --output vla_policy_node/sim/so101/touch_policy
 

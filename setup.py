@@ -55,8 +55,8 @@ setup(
     # install (the source tree) and a colcon install (site-packages) find them at the same place
     # relative to their module: see vla_policy_node/sim/__init__.py.
     package_data={
-        f'{PACKAGE}.sim': ['touch_policy/*.json', 'touch_policy/*.safetensors',
-                           'touch_policy/*.png', 'touch_policy/vlm/*.json'],
+        f'{PACKAGE}.sim.planar': ['touch_policy/*.json', 'touch_policy/*.safetensors',
+                                  'touch_policy/*.png', 'touch_policy/vlm/*.json'],
         f'{PACKAGE}.sim.so101': ['touch_policy/*.json', 'touch_policy/*.safetensors', 'touch_policy/*.png',
                                  'touch_policy/vlm/*.json', 'assets/*.xml', 'assets/*.md', 'assets/LICENSE',
                                  'assets/meshes/*.stl'],

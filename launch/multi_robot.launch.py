@@ -11,7 +11,9 @@ servers (default 1: ``/vla_policy_server``; server i > 1 is ``/server<i>/vla_pol
 robot has them all in its pool and the fleet splits across the live ones), device (the
 servers'; ``cuda`` with several servers puts server i on ``cuda:<i-1>``), batch_window
 (seconds), horizon (actions per chunk used by the robots, at most the policy's chunk size,
-which is the default), episodes (per arm; 0: until Ctrl-C). For example::
+which is the default), episodes (per arm; 0: until Ctrl-C), lockstep (default true: each arm
+keeps time with its own node on ``/robot<i>/clock``, the node's ``/clock`` remapped there;
+false: physics in real time). For example::
 
     ros2 launch vla_policy_node multi_robot.launch.py robots:=4 device:=cuda episodes:=5
 
@@ -127,14 +129,21 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
     tally = Tally(count)
     pool = server_names(int(LaunchConfiguration('servers').perform(context)))
     more = {'remote.servers': pool[1:]} if len(pool) > 1 else {}
+    in_step = LaunchConfiguration('lockstep').perform(context).lower()
+    if in_step not in ('true', 'false'):
+        raise ValueError(f'lockstep:={in_step} is not true or false')
+    in_step = in_step == 'true'
+    # Each arm's clock in its namespace: the arm publishes it, its node (use_sim_time) reads it.
+    clock = [('/clock', 'clock')]
     entities = []
     for index in range(1, count + 1):
         namespace = f'robot{index}'
         arm = Node(package='vla_policy_node', executable='vla_policy_sim_robot',
                    name='vla_policy_sim_robot', namespace=namespace, output='screen',
                    parameters=[files_of_node[-1], files.file(namespace, 'vla_policy_sim_robot', {
-                       'policy_node': f'/{namespace}/vla_policy_node', 'episodes': episodes, 'seed': index})],
-                   remappings=[('/joint_states', 'joint_states')])
+                       'policy_node': f'/{namespace}/vla_policy_node', 'episodes': episodes, 'seed': index,
+                       'lockstep': in_step})],
+                   remappings=[('/joint_states', 'joint_states'), *clock])
         entities.append(arm)
         if episodes > 0:
             entities += [
@@ -147,7 +156,8 @@ def robots(context: LaunchContext, files: LaunchParameters) -> list:
             namespace=namespace, output='screen', emulate_tty=True,
             parameters=[*files_of_node, files.file(namespace, 'vla_policy_node', {
                 'inference': 'remote', 'remote.server': pool[0], **more,
-                'chunking.horizon': horizon, 'joint_states_topic': 'joint_states'})]))
+                'chunking.horizon': horizon, 'joint_states_topic': 'joint_states', 'use_sim_time': in_step})],
+            remappings=clock))
     return entities
 
 
@@ -189,6 +199,9 @@ def generate_launch_description() -> LaunchDescription:
                                           '0: continuous batching.'),
         DeclareLaunchArgument('horizon', default_value=str(shipped_chunk_size()),
                               description="Actions each robot uses per chunk (at most the policy's chunk size)."),
+        DeclareLaunchArgument('lockstep', default_value='true',
+                              description='true: each arm keeps time with its node (/robot<i>/clock, use_sim_time); '
+                                          'false: physics in real time.'),
         DeclareLaunchArgument('episodes', default_value='0',
                               description='Episodes per simulated arm, then the launch ends with the combined '
                               'success rate; 0: until Ctrl-C.'),

@@ -256,6 +256,7 @@ def test_the_sim_demo_launch_ends_with_its_episodes(env, tmp_path):
     assert launch.returncode == 0, output
     assert re.search(r'success rate: [01]/1 = ', output), output
     assert re.search(r"episode +1/1: 'touch the (red|green|blue|purple) block'", output), output
+    assert 'real-time factor' in output and 'unanswered' not in output, output     # lockstep, every tick answered
 
 
 def test_the_multi_robot_launch_ends_with_the_combined_success_rate(env, tmp_path):

@@ -55,10 +55,15 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
         before, values = given(node)
         assert before == [default, so101, demo]     # the SO-101's files, keyed /** and /**/vla_policy_node
         assert values == {'inference': 'remote', 'remote.server': '/vla_policy_server',
-                          'chunking.horizon': module.shipped_chunk_size(), 'joint_states_topic': 'joint_states'}
+                          'chunking.horizon': module.shipped_chunk_size(), 'joint_states_topic': 'joint_states',
+                          'use_sim_time': True}
     for index, arm in enumerate(nodes[0::2], start=1):
         before, values = given(arm)
         assert before == [demo] and values['policy_node'] == f'/robot{index}/vla_policy_node'
+        assert values['lockstep'] is True       # the arm keeps time with its own node, on its own /clock
+    for node in nodes:
+        assert ('/clock', 'clock') in [tuple(''.join(str(getattr(p, 'text', p)) for p in part) for part in pair)
+                                       for pair in node._Node__remappings]
     from vla_policy_node.sim.so101 import SHIPPED_CHECKPOINT
     _, server = given(servers[0])
     assert server['checkpoint'] == str(SHIPPED_CHECKPOINT) and server['batch.window'] == 0.0
@@ -70,6 +75,22 @@ def test_one_server_and_a_remote_policy_node_and_sim_robot_per_namespace():
     assert EXECUTABLES['vla_policy_server'] == 'vla_policy_node.ros.entry:server_main'
     files.remove()                      # what the launch's shutdown does
     assert not Path(files.folder).exists()
+
+
+def test_lockstep_false_runs_every_arm_in_real_time():
+    module, description = load()
+    context = launch.LaunchContext()
+    for entity in description.entities:
+        if type(entity).__name__ == 'DeclareLaunchArgument':
+            entity.visit(context)
+    context.launch_configurations['lockstep'] = 'false'
+    files = module.LaunchParameters()
+    arm, node = [e for e in module.robots(context, files) if hasattr(e, 'node_executable')][:2]
+    assert given(arm)[1]['lockstep'] is False and given(node)[1]['use_sim_time'] is False
+    context.launch_configurations['lockstep'] = 'maybe'
+    with pytest.raises(ValueError, match='lockstep:=maybe'):
+        module.robots(context, files)
+    files.remove()
 
 
 def test_servers_2_starts_a_second_server_in_every_robots_pool_each_on_its_own_gpu():

@@ -4,12 +4,13 @@
 import numpy as np
 import pytest
 
-from vla_policy_node.sim.arm import PlanarArm
-from vla_policy_node.sim.camera import ARM_RGB, TABLE_RGB, TIP_RGB, TopCamera
-from vla_policy_node.sim.env import CAMERA_NAME, TouchEnv
-from vla_policy_node.sim.expert import ScriptedExpert
+from vla_policy_node.sim.planar.arm import PlanarArm
+from vla_policy_node.sim.planar.camera import ARM_RGB, TABLE_RGB, TIP_RGB, TopCamera
+from vla_policy_node.sim.planar.env import CAMERA_NAME, TouchEnv
+from vla_policy_node.sim.planar.expert import ScriptedExpert
+from vla_policy_node.sim.planar.task import sample_scene, TaskConfig, touched
 from vla_policy_node.sim.rollout import evaluate, success_rate
-from vla_policy_node.sim.task import COLOURS, Block, Scene, TaskConfig, sample_scene, touched
+from vla_policy_node.sim.scene import Block, COLOURS, Scene
 from vla_policy_node.sim.trajectory import TrajectoryFollower
 
 ARM = PlanarArm()
@@ -55,6 +56,13 @@ def test_scenes_place_separate_reachable_blocks_away_from_the_start():
             ARM.ik(np.asarray(b.position))
 
 
+def to_pixel(camera: TopCamera, point: np.ndarray) -> tuple[int, int]:
+    """World (x, y) -> (row, col) of the camera's pixel that contains it."""
+    col = (point[0] - camera.x_range[0]) / (camera.x_range[1] - camera.x_range[0]) * camera.width
+    row = (camera.y_range[1] - point[1]) / (camera.y_range[1] - camera.y_range[0]) * camera.height
+    return int(np.floor(row)), int(np.floor(col))
+
+
 def scene_of(blocks: dict[str, tuple[float, float]], target: str) -> Scene:
     return Scene(tuple(Block(c, p) for c, p in blocks.items()), target, (np.pi / 2, 0.0, 0.0))
 
@@ -66,16 +74,16 @@ def test_camera_image_shape_colours_and_object_positions():
     image = camera.render(scene, ARM.joint_points(q), 0.04)
     assert image.shape == (48, 48, 3) and image.dtype == np.uint8
     for block in scene.blocks:
-        row, col = camera.to_pixel(np.asarray(block.position))
+        row, col = to_pixel(camera, np.asarray(block.position))
         assert tuple(image[row, col]) == COLOURS[block.colour], block
-    row, col = camera.to_pixel(ARM.tip(q))
+    row, col = to_pixel(camera, ARM.tip(q))
     assert tuple(image[row, col]) == TIP_RGB
-    row, col = camera.to_pixel(ARM.joint_points(q)[1])      # the elbow lies on the links
+    row, col = to_pixel(camera, ARM.joint_points(q)[1])      # the elbow lies on the links
     assert tuple(image[row, col]) == ARM_RGB
     assert tuple(image[0, 0]) == TABLE_RGB
     assert not np.any(np.all(image == COLOURS['green'], axis=-1))   # no green block, no green pixel
     # Image rows grow downward: a block further from the base is higher up in the image.
-    assert camera.to_pixel(np.array([0.0, 0.6]))[0] < camera.to_pixel(np.array([0.0, 0.3]))[0]
+    assert to_pixel(camera, np.array([0.0, 0.6]))[0] < to_pixel(camera, np.array([0.0, 0.3]))[0]
 
 
 def test_success_only_near_the_named_block():

@@ -15,7 +15,7 @@ from ros_harness import DEFAULT_CONFIG, sim_episodes
 from vla_policy_node.loading import load_policy
 from vla_policy_node.ros.sim.robot import EpisodeReport, format_report
 from vla_policy_node.sim import PLANAR_CHECKPOINT
-from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim.planar.env import TouchEnv
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
 
 PLANAR_CONFIG = DEFAULT_CONFIG.parent / 'planar.yaml'

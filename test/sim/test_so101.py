@@ -11,7 +11,7 @@ import yaml
 from vla_policy_node.sim.so101 import ASSETS
 from vla_policy_node.sim.so101.env import BLOCK_COLOURS, So101TouchEnv
 from vla_policy_node.sim.so101.units import JOINT_NAMES, to_lerobot, to_ros
-from vla_policy_node.sim.task import Scene
+from vla_policy_node.sim.scene import Scene
 from vla_policy_node.train.demonstrations import collect, expert_plan
 
 ROOT = Path(__file__).resolve().parents[2]

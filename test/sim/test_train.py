@@ -14,7 +14,7 @@ from vla_policy_node.model.preprocessing import Preprocessor, newline_prompt, sm
 from vla_policy_node.runtime.engine import PolicyRuntime
 from vla_policy_node.model.tokenizer import TextTokenizer
 from vla_policy_node.loading import load_policy
-from vla_policy_node.sim.env import TouchEnv
+from vla_policy_node.sim.planar.env import TouchEnv
 from vla_policy_node.train import data_parallel, export
 from vla_policy_node.train.cli import main as train_main, mean_std, policy_configs, TrainConfig, VOCABULARY
 from vla_policy_node.train.demonstrations import collect

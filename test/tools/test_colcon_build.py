@@ -47,6 +47,9 @@ def test_colcon_build_installs_share_folder(tmp_path: Path):
     for name in ('assets/touch_scene.xml', 'assets/so101_new_calib.xml', 'assets/meshes/base_so101_v2.stl',
                  'assets/LICENSE', 'touch_policy/config.json', 'touch_policy/model.safetensors'):
         assert (so101[0] / name).is_file(), name
+    planar = so101[0].parent / 'planar'          # the planar test arm's policy, the same way
+    for name in ('touch_policy/config.json', 'touch_policy/model.safetensors', 'touch_policy/vlm/tokenizer.json'):
+        assert (planar / name).is_file(), name
     index = tmp_path / 'install' / 'vla_policy_node' / 'share' / 'ament_index'
     assert (index / 'resource_index' / 'packages' / 'vla_policy_node').is_file()
     lib = tmp_path / 'install' / 'vla_policy_node' / 'lib' / 'vla_policy_node'

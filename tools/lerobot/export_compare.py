@@ -9,7 +9,7 @@ Run with the project's python; it calls tools/lerobot/export_check.py with each 
 
 For each target generation given (0.4 -> LeRobot 0.4.4, 0.6 -> LeRobot 0.6.1) it exports
 
-* the shipped demo checkpoint (vla_policy_node/sim/touch_policy, re-exported from its own weights; the
+* the shipped demo checkpoint (vla_policy_node/sim/planar/touch_policy, re-exported from its own weights; the
   package's files as they are too, for the generation they were exported for), and
 * a freshly built tiny SmolVLA (two cameras of other sizes than the backbone's, state and actions padded,
   every parameter randomised so no norm or position row is trivial),

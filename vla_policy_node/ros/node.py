@@ -50,6 +50,7 @@ from vla_policy_node.ros.polled_input import PolledSubscription
 from vla_policy_node.ros.process import run_until_signal, StopRequested  # noqa: F401 (re-exported)
 from vla_policy_node.ros.server.client import RemoteInference
 from vla_policy_node.ros.task_action import TaskAction
+from vla_policy_node.ros.tick_answers import TickAnswers
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
                                      INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
 
@@ -110,6 +111,7 @@ class PolicyWiring:
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
         self._task: TaskAction | None = None             # None while the parameters are refused
+        self._tick_answers: TickAnswers | None = None    # with use_sim_time: ~/tick_done
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
         # Limits and the age limits only tighten from here on; loosening them takes a restart.
         self._envelope = loop_settings(self._settings).limits
@@ -143,10 +145,19 @@ class PolicyWiring:
         """Make a control loop bound to the inference (units mapped); its sink is :meth:`_publish`."""
         settings = self._settings
         horizon = settings.chunking.horizon if self._policy is None else self._policy.chunk_size
-        return ControlLoop(
+        inference = joint_mapped(self._worker, settings.joint_map)
+        loop = ControlLoop(
             loop_settings(settings), scheduler_config(settings, horizon),
-            joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
+            inference, self._publish, self._log,
             on_chunk_ready=self._chunk_ready.trigger, envelope=self._envelope)
+        answers = self._tick_answers
+        if answers is not None:         # a tick waiting for its chunk is answered once the loop has it
+
+            def take(result: Any) -> None:
+                loop.on_inference_result(result)
+                answers.result_in()
+            inference.bind(take)
+        return loop
 
     def _sim_time(self) -> bool:
         return bool(self.get_parameter('use_sim_time').value)
@@ -173,6 +184,8 @@ class PolicyWiring:
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
+        if self._sim_time():
+            self._tick_answers = TickAnswers(self, lambda: self._worker.busy)
         self._loop = self._make_loop()
         self._check_command_topic()
         self.create_service(Trigger, '~/reset_episode', self._on_reset_episode, qos_profile=SERVICE_QOS)
@@ -270,6 +283,8 @@ class PolicyWiring:
         self._loop.set_command_link(*self._outputs.link(self._other_publishers))
         self._loop.tick(self._now())
         self._task.on_tick()
+        if self._tick_answers is not None:
+            self._tick_answers.ticked()
 
     def _on_chunk_ready(self) -> None:
         # The executor may have run a due control tick first, which already resumed: a second

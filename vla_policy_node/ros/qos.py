@@ -80,6 +80,22 @@ EPISODE_QOS = QoSProfile(
     durability=DurabilityPolicy.TRANSIENT_LOCAL,
 )
 
+# ``~/tick_done`` (a lockstep simulator waits for each) and the simulator's ``/clock``: every
+# tick counts, and a late joiner needs none of the old ones. rclpy's /clock reader is best
+# effort, which a reliable writer serves.
+TICK_DONE_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=10,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+CLOCK_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
 # /diagnostics, as diagnostic_aggregator and rqt_robot_monitor expect it.
 DIAGNOSTICS_QOS = QoSProfile(
     history=HistoryPolicy.KEEP_LAST,

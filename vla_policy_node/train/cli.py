@@ -43,7 +43,7 @@ from vla_policy_node.model.preprocessing import Preprocessor, newline_prompt, sm
 from vla_policy_node.model.tokenizer import TextTokenizer
 from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.rollout import evaluate, policy_chunk_fn, success_rate
-from vla_policy_node.sim.task import COLOURS
+from vla_policy_node.sim.scene import COLOURS
 from vla_policy_node.train import data_parallel, export
 from vla_policy_node.train.data_parallel import Worker
 from vla_policy_node.train.demonstrations import Demonstrations, collect
@@ -190,12 +190,14 @@ def train(cfg: TrainConfig, output: Path, progress: bool = True, worker: Worker 
     action_norm = Normalizer("MEAN_STD", action_stats)
     losses = optimise(cfg, model, preprocessor, action_norm, demos, progress, worker)
     if not worker.leader:
+        env.close()
         return {}
     export.save_checkpoint(output, model, config, vlm, tokenizer, state_stats, action_stats, lerobot_version)
     train_seconds = time.monotonic() - started
     policy = load_policy(output, device="cpu")
     results = evaluate(env, policy_chunk_fn(policy, env), cfg.eval_episodes, cfg.seed + EVAL_SEED_OFFSET,
                        execute=cfg.chunk_size // 2)
+    env.close()                         # the SO-101's renderer: released, not left to the collector
     summary = {
         "config": asdict(cfg), "samples": samples, "parameters": sum(p.numel() for p in model.parameters()),
         "train_seconds": round(train_seconds, 1), "threads": torch.get_num_threads(),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tqdm import tqdm
 
-from vla_policy_node.sim.task import INSTRUCTION, Scene
+from vla_policy_node.sim.scene import INSTRUCTION, Scene
 
 
 @dataclass(frozen=True)

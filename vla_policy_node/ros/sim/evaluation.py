@@ -6,11 +6,13 @@ vla-policy-sim-eval: success rate of a policy on the simulated table-top task, t
     vla-policy-sim-eval --episodes 50 --instruction "touch the red block"   # instruction-blind baseline
     vla-policy-sim-eval --episodes 50 --random-weights          # same architecture, untrained weights
     vla-policy-sim-eval --robot planar                          # the planar test arm and its policy
+    vla-policy-sim-eval --real-time                             # physics on the wall clock, not in lockstep
 
 Through the node: the installed ``vla_policy_node`` runs as a subprocess (config/default.yaml,
 config/so101.yaml and config/demo.yaml, or default.yaml and planar.yaml, then the checkpoint)
 and this process runs the simulated robot (``ros.sim.robot``, the robot's file) on the same
-ROS_DOMAIN_ID, localhost only. Without ROS: the same checkpoint through ``load_policy``,
+ROS_DOMAIN_ID, localhost only, in lockstep (the node with ``use_sim_time``, the robot publishing
+``/clock``) unless ``--real-time``. Without ROS: the same checkpoint through ``load_policy``,
 driving the simulation in a loop (``sim.rollout``), the joints converted to the policy's
 units as the node's joint_units do. The same seed gives both the same block layouts.
 """
@@ -73,12 +75,15 @@ def run_direct(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps
 
     policy = load_policy(checkpoint, device='cpu')
     env = make_env(robot, max_steps=max_steps)
-    return evaluate(env, policy_chunk_fn(policy, env), episodes, seed, execute=max(1, policy.chunk_size // 2),
-                    instruction=instruction or None)
+    try:
+        return evaluate(env, policy_chunk_fn(policy, env), episodes, seed, execute=max(1, policy.chunk_size // 2),
+                        instruction=instruction or None)
+    finally:
+        env.close()
 
 
 def run_dds(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps: int, instruction: str,
-            ready_timeout: float = 120.0) -> list:
+            ready_timeout: float = 120.0, lockstep: bool = True) -> list:
     """Episodes through the installed node over DDS; the robot runs in this process."""
     import rclpy
     from rclpy.parameter import Parameter
@@ -88,13 +93,14 @@ def run_dds(robot: str, checkpoint: Path, episodes: int, seed: int, max_steps: i
     files = [str(package_config(name)) for name in SETUPS[robot][1]]
     node = subprocess.Popen(
         [str(installed_executable()), '--ros-args', *(a for f in files for a in ('--params-file', f)),
-         '-p', f'checkpoint:={checkpoint}', '--log-level', 'ERROR'])
+         '-p', f'checkpoint:={checkpoint}', '-p', f'use_sim_time:={str(lockstep).lower()}', '--log-level', 'ERROR'])
     rclpy.init()
     sim = None
     try:
         sim = SimRobot(cli_args=['--ros-args', '--params-file', files[-1]], parameter_overrides=[
             Parameter('episodes', value=episodes), Parameter('seed', value=seed),
-            Parameter('max_steps', value=max_steps), Parameter('instruction', value=instruction)])
+            Parameter('max_steps', value=max_steps), Parameter('instruction', value=instruction),
+            Parameter('lockstep', value=lockstep)])
         deadline = time.monotonic() + ready_timeout + episodes * (max_steps * 0.05 + 5.0)
         while rclpy.ok() and not sim.finished and node.poll() is None and time.monotonic() < deadline:
             rclpy.spin_once(sim, timeout_sec=0.02)
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--no-dds', action='store_true', help='only the run without ROS')
     parser.add_argument('--no-direct', action='store_true', help='only the run through the node')
     parser.add_argument('--threads', type=int, default=1, help='torch threads of the run without ROS')
+    parser.add_argument('--real-time', action='store_true',
+                        help='through the node: physics on the wall clock instead of in lockstep with the node')
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error('--episodes must be >= 1')
@@ -159,7 +167,8 @@ def evaluate_modes(args: argparse.Namespace) -> dict[str, tuple[int, int, float]
             checkpoint = random_weights_copy(checkpoint, Path(tmp), seed=1)
         rates = {}
         if not args.no_dds:
-            reports = run_dds(args.robot, checkpoint, args.episodes, args.seed, args.max_steps, args.instruction)
+            reports = run_dds(args.robot, checkpoint, args.episodes, args.seed, args.max_steps, args.instruction,
+                              lockstep=not args.real_time)
             rates['through the node (DDS)'] = (sum(r.success for r in reports), len(reports),
                                                np.mean([r.steps for r in reports if r.success] or [np.nan]))
         if not args.no_direct:

@@ -18,20 +18,36 @@ While the tip touches the named block it publishes ``task_success``
 episode it saw start last on the node's ``~/episode`` topic (``policy_node``), as a success
 detector would; with ``goal_driven`` it sets out one layout, prints its task and publishes no
 instruction: a RunInstruction goal gives it.
+
+Time: in lockstep (``lockstep``, the demo's) it keeps its own simulated time and publishes it
+on ``/clock`` for a node with ``use_sim_time``: each step runs one control period of physics
+(the controllers at ``joint_state_rate_hz`` inside it), publishes the joint states, the camera
+when due and the new ``/clock``, then waits for the node's answer for that tick
+(``<policy_node>/tick_done``), so the policy's latency costs no simulated time whatever the
+CPU load (``ros/sim/lockstep.py``; after ``lockstep_timeout`` s of wall-clock time without an
+answer it steps on in real time and counts the unanswered ticks). Before the node is ready
+and after the episodes it steps in real time. In real time (``lockstep: false``) physics
+follows the wall clock, as a real arm does, at most ``MAX_CATCH_UP_S`` per physics tick: a
+simulator starved of CPU falls behind, and the episode line gives its real-time factor (in
+lockstep too). A failed episode's line also gives the node's last hold reason in it, read
+from its /diagnostics state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from pathlib import Path
 import re
 import time
 
+from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
 import numpy as np
 import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
+from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
@@ -40,12 +56,16 @@ from vla_policy_interfaces.msg import Episode, TaskSuccess
 
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
-from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, EPISODE_QOS, INSTRUCTION_QOS,
-                                     JOINT_STATES_QOS)
+from vla_policy_node.ros.qos import (CAMERA_QOS, CLOCK_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, EPISODE_QOS,
+                                     INSTRUCTION_QOS, JOINT_STATES_QOS, TICK_DONE_QOS)
+from vla_policy_node.ros.sim.lockstep import Lockstep, RealTimeFactor
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.robots import make_env, ROBOTS
 from vla_policy_node.sim.trajectory import TrajectoryFollower
 
+MAX_CATCH_UP_S = 0.1           # real time: the most physics one late physics tick runs
+SIM_START_S = 1.0              # lockstep: the first /clock (a zero stamp means "not stamped")
+HOLDING = 'holding: '
 SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
 
 
@@ -59,10 +79,18 @@ class EpisodeReport:
     steps: int                  # control ticks until the touch or the limit
     first_command_ms: float     # from the reset call to the first command after it
     policy_p50_ms: float        # the node's inference latency (p50, last /diagnostics)
+    real_time_factor: float = math.nan  # simulated s per wall-clock s over the episode
+    hold: str = ''              # the node's last hold reason seen in the episode ('' none)
+    unanswered: int = 0         # lockstep: steps taken without the node's answer (it was late)
 
 
 class SimRobot(Node):
-    """The simulated arm, its camera and the episode loop."""
+    """
+    The simulated arm, its camera and the episode loop.
+
+    Over 300 lines: the controllers, the sensors, the clock and the episodes all read and
+    step the one simulation (physics, followers, phase), as a robot driver with ros2_control does.
+    """
 
     def __init__(self, **node_options) -> None:
         super().__init__('vla_policy_sim_robot', **node_options)
@@ -88,6 +116,9 @@ class SimRobot(Node):
         self.duration = declare('duration', 0.0).value
         # true: one layout and no instruction of its own; a RunInstruction goal gives the task.
         self._goal_driven = declare('goal_driven', False).value
+        # true: /clock and one control period per answer of the node (use_sim_time); false: real time.
+        self._lockstep = declare('lockstep', False).value
+        self._pace = Lockstep(declare('lockstep_timeout', 5.0).value)
         self._env = make_env(robot, dt=1.0 / control_rate, max_steps=self._max_steps)
         self._joints = list(self._env.joint_names)
         self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
@@ -104,6 +135,12 @@ class SimRobot(Node):
         self._success = False
         self._frames: list[tuple[float, np.ndarray]] = []     # (s into the episode, image)
         self._last_physics = time.monotonic()
+        self._sim_time = SIM_START_S                     # s simulated (lockstep: /clock)
+        self._substeps = max(1, math.ceil(physics_rate / control_rate - 1e-9))
+        self._camera_due = self._sim_time
+        self._rtf = RealTimeFactor()
+        self._reset_future = None                        # the episode's ~/reset_episode call
+        self._hold_seen = ''
         self._policy: dict[str, str] = {}                # the node's latest policy status
         # The node's status name, from its name resolved as the reset service's is (namespaces).
         self._policy_status = f"{status_prefix(self.resolve_service_name(policy_node))}: policy"
@@ -124,9 +161,29 @@ class SimRobot(Node):
         if forward_topic and interface == 'joint_trajectory':
             self.create_subscription(Float64MultiArray, forward_topic, self._on_forward, COMMAND_QOS)
         self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
-        self.create_timer(1.0 / physics_rate, self._on_physics_tick)
-        self.create_timer(1.0 / camera_rate, self._on_camera_tick)
-        self.create_timer(1.0 / control_rate, self._on_episode_tick)
+        self._keep_time(policy_node, physics_rate, camera_rate, control_rate)
+
+    def _keep_time(self, policy_node: str, physics_rate: float, camera_rate: float, control_rate: float) -> None:
+        """Lockstep: /clock, the node's answers and a real-time pacer; else timers on the wall clock."""
+        if self._lockstep:
+            self._clock_pub = self.create_publisher(Clock, '/clock', CLOCK_QOS)
+            self.create_subscription(Time, f'{policy_node}/tick_done', self._on_tick_done, TICK_DONE_QOS)
+            self._answered = self.create_guard_condition(self._on_answered)
+            self.create_timer(1.0 / control_rate, self._on_pacer)
+        else:
+            self.create_timer(1.0 / physics_rate, self._on_physics_tick)
+            self.create_timer(1.0 / camera_rate, self._on_camera_tick)
+            self.create_timer(1.0 / control_rate, self._on_episode_tick)
+
+    def _now(self) -> float:
+        """Return the simulator's time: simulated in lockstep, else the wall clock (monotonic)."""
+        return self._sim_time if self._lockstep else time.monotonic()
+
+    def _stamp(self) -> Time:
+        if not self._lockstep:
+            return self.get_clock().now().to_msg()
+        nanoseconds = int(round(self._sim_time * 1e9))
+        return Time(sec=nanoseconds // 10**9, nanosec=nanoseconds % 10**9)
 
     # ------------------------------------------------------------------ commands
     def _on_trajectory(self, msg: JointTrajectory) -> None:
@@ -157,7 +214,7 @@ class SimRobot(Node):
         return tuple(self._joints.index(n) for n in names)
 
     def _follow(self, joints: tuple[int, ...], times: list[float], points: np.ndarray) -> None:
-        now = time.monotonic()
+        now = self._now()
         follower = TrajectoryFollower(len(joints))
         try:
             follower.set(now, self._env.q[list(joints)], np.asarray(times), points)
@@ -175,6 +232,9 @@ class SimRobot(Node):
         values = diagnostics_to_dict(msg).get(self._policy_status)
         if values is not None:
             self._policy = values
+            state = values.get('state', '')
+            if self._phase == 'running' and state.startswith(HOLDING):
+                self._hold_seen = state[len(HOLDING):]
 
     def _on_node_episode(self, msg: Episode) -> None:
         self._node_episode = msg.episode if msg.event == Episode.STARTED else None
@@ -202,28 +262,97 @@ class SimRobot(Node):
             self.get_logger().info(f'waiting {what}')
 
     # ------------------------------------------------------------------ physics and sensors
-    def _on_physics_tick(self) -> None:
-        now = time.monotonic()
+    def _target(self, now: float) -> np.ndarray:
+        """Return where the controllers drive the joints at ``now`` (the simulator's time)."""
         target = self._hold.copy()
         for joints, follower in self._followers.items():
             desired = follower.desired(now)
             if desired is not None:
                 target[list(joints)] = desired
-        self._env.drive(target, now - self._last_physics)
+        return target
+
+    def _on_physics_tick(self) -> None:
+        now = time.monotonic()
+        seconds = min(now - self._last_physics, MAX_CATCH_UP_S)
+        self._env.drive(self._target(now), seconds)
+        self._sim_time += seconds
         self._last_physics = now
+        self._after_physics()
+
+    def _after_physics(self) -> None:
         if self._phase == 'running' and self._env.success:      # a touch since the episode began
             self._success = True
         msg = JointState(name=self._joints, position=self._env.q.tolist())
-        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.header.stamp = self._stamp()
         self._joint_pub.publish(msg)
+
+    # ------------------------------------------------------------------ lockstep
+    def _step(self) -> None:
+        """
+        Run one control period of physics and the episode's tick; publish the sensors and the new /clock.
+
+        In an episode the sensors go out first, so the node's tick that the /clock starts sees
+        them (their stamps are then one period ahead of the node's clock until it arrives,
+        which the node accepts). Otherwise the /clock goes first: a node just started has heard
+        no /clock yet and would refuse stamps seconds ahead of its zero.
+        """
+        start, dt = self._sim_time, self._env.dt
+        for i in range(1, self._substeps + 1):
+            self._env.drive(self._target(start + i * dt / self._substeps), dt / self._substeps)
+        self._sim_time = start + dt
+        self._pace.stepped(self._sim_time)
+        running = self._phase == 'running'
+        if not running:
+            self._clock_pub.publish(Clock(clock=self._stamp()))
+        self._after_physics()
+        self._on_episode_tick()
+        if self._sim_time + 1e-9 >= self._camera_due:
+            self._on_camera_tick()
+        if running:
+            self._clock_pub.publish(Clock(clock=self._stamp()))
+
+    def _on_tick_done(self, msg: Time) -> None:
+        late = self._pace.late
+        if self._resetting():
+            return              # a tick before the episode's reset answers nothing of it
+        if self._pace.answer(msg.sec + 1e-9 * msg.nanosec):
+            if late:
+                self.get_logger().info('the policy node answers again: lockstep resumed')
+            self._answered.trigger()
+
+    def _resetting(self) -> bool:
+        return self._reset_future is not None and not self._reset_future.done()
+
+    def _on_reset_done(self) -> None:
+        """Take the node's reset as its answer to the episode's first tick."""
+        self._pace.answer(math.inf)
+        self._answered.trigger()
+
+    def _on_answered(self) -> None:
+        """Step once the node answered the tick (in a guard: the commands it sent before are taken first)."""
+        if self._phase == 'running' and self._pace.answered:
+            self._step()
+
+    def _on_pacer(self) -> None:
+        """Real time while no episode runs (the node's timers need /clock) or while the node is late."""
+        if self._phase == 'running':
+            if not self._pace.overdue():
+                return
+            if self._pace.unanswered == 0:
+                self.get_logger().warning(
+                    f'the policy node did not answer the tick at {self._sim_time:.3f} s (sim time) within '
+                    f'{self._pace.timeout:g} s: stepping on in real time until it does (does it run with '
+                    'use_sim_time?)', throttle_duration_sec=10.0)
+        self._step()
 
     def _on_camera_tick(self) -> None:
         frame = self._env.render()
         msg = rgb_to_image(frame, frame_id=f'{self._env.camera_name}_camera')
-        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.header.stamp = self._stamp()
         self._camera_pub.publish(msg)
+        self._camera_due = self._sim_time + 1.0 / self._camera_rate
         if self._phase == 'running' and self._record and not self.reports:
-            self._frames.append((max(0.0, time.monotonic() - self._episode_start), frame))
+            self._frames.append((max(0.0, self._now() - self._episode_start), frame))
 
     # ------------------------------------------------------------------ episodes
     def _on_episode_tick(self) -> None:
@@ -234,10 +363,10 @@ class SimRobot(Node):
         if self._phase != 'running':
             return
         if self._env.is_touching() and self._node_episode is not None:     # a RunInstruction goal's success
-            self._success_pub.publish(TaskSuccess(stamp=self.get_clock().now().to_msg(), episode=self._node_episode))
+            self._success_pub.publish(TaskSuccess(stamp=self._stamp(), episode=self._node_episode))
         if self._goal_driven:
             return
-        steps = int((time.monotonic() - self._episode_start) / self._env.dt)
+        steps = int((self._now() - self._episode_start) / self._env.dt + 1e-6)
         if self._success or steps >= self._max_steps:
             self._finish_episode(min(steps, self._max_steps))
 
@@ -252,8 +381,13 @@ class SimRobot(Node):
             return
         sent = self._instruction_override or self._env.scene.instruction
         self._instruction_pub.publish(String(data=sent))
-        self._reset.call_async(Trigger.Request())
-        self._episode_start = time.monotonic()
+        self._reset_future = self._reset.call_async(Trigger.Request())
+        self._episode_start = self._now()
+        self._rtf.start(self._sim_time)
+        if self._lockstep:          # the first step waits for the node's reset
+            self._pace.wait_again()
+            self._reset_future.add_done_callback(lambda _: self._on_reset_done())
+        self._hold_seen = ''
         self._first_command = None
         self._success = False
         self._phase = 'running'
@@ -265,7 +399,9 @@ class SimRobot(Node):
             sent=self._instruction_override or self._env.scene.instruction,
             success=self._success, steps=steps,
             first_command_ms=float('nan') if first is None else 1e3 * (first - self._episode_start),
-            policy_p50_ms=float(self._policy.get('total_latency_p50_ms', 'nan')))
+            policy_p50_ms=float(self._policy.get('total_latency_p50_ms', 'nan')),
+            real_time_factor=self._rtf.factor(self._sim_time), hold=self._hold_seen,
+            unanswered=self._pace.unanswered)
         self.reports.append(report)
         print(format_report(len(self.reports), self.episodes, report), flush=True)
         if len(self.reports) == 1 and self._record:
@@ -286,6 +422,12 @@ class SimRobot(Node):
         save_gif(frames, gif, 1.0 / self._camera_rate, captions=captions)
         save_strip(frames, png, captions=captions)
         print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
+
+    def destroy_node(self) -> None:
+        """Destroy the node, then release the simulation (the SO-101's renderer)."""
+        super().destroy_node()
+        if hasattr(self, '_env'):          # not when a parameter was refused
+            self._env.close()
 
     def summary(self) -> str:
         """Return the success rate line."""
@@ -313,9 +455,12 @@ def format_report(index: int, total: int, report: EpisodeReport) -> str:
     # No command in the episode, or no /diagnostics yet (the node reports once per period).
     first = f'{report.first_command_ms:6.1f} ms' if np.isfinite(report.first_command_ms) else '  none'
     p50 = f'{report.policy_p50_ms:.1f} ms' if np.isfinite(report.policy_p50_ms) else 'not reported yet'
+    rtf = f'  real-time factor {report.real_time_factor:.2f}' if np.isfinite(report.real_time_factor) else ''
+    late = f'  unanswered ticks {report.unanswered}' if report.unanswered else ''
+    held = f'  node held: {report.hold[:160]}' if report.hold and not report.success else ''
     return (f'episode {index:>3}/{total}: {report.instruction!r:<26}{blind} '
             f"{'SUCCESS' if report.success else 'failure'}  steps {report.steps:>3}  "
-            f'first command {first}  policy p50 {p50}')
+            f'first command {first}  policy p50 {p50}{rtf}{late}{held}')
 
 
 def main(args: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from vla_policy_node.sim.so101 import ASSETS
 from vla_policy_node.sim.so101.expert import So101Expert
 from vla_policy_node.sim.so101.kinematics import Kinematics
 from vla_policy_node.sim.so101.units import JOINT_NAMES, to_lerobot, to_ros
-from vla_policy_node.sim.task import Block, Scene
+from vla_policy_node.sim.scene import Block, Scene
 
 CAMERA_NAME = "front"
 BLOCK_COLOURS = ("blue", "green", "purple", "red")   # no yellow: the arm is yellow
@@ -111,11 +111,6 @@ class So101TouchEnv:
         scene = Scene(blocks=blocks, target=str(rng.choice(colours)), start=tuple(float(v) for v in self.q))
         return self._begin(scene)
 
-    def set_scene(self, scene: Scene) -> dict:
-        """Start an episode on a given scene, the arm at its start pose."""
-        self._set_arm(np.asarray(scene.start, dtype=np.float64))
-        return self._begin(scene)
-
     def step(self, action: np.ndarray) -> tuple[dict, bool, bool]:
         """Command joint positions (6,) in radians for one tick -> (observation, success, done)."""
         action = np.asarray(action, dtype=np.float64)
@@ -161,6 +156,7 @@ class So101TouchEnv:
                 "task": self._scene().instruction}
 
     def close(self) -> None:
+        """Release the MuJoCo renderer (its GL context); ``render`` makes a new one if called again."""
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vla_policy_node.sim.so101.kinematics import Kinematics
-from vla_policy_node.sim.task import Scene
+from vla_policy_node.sim.scene import Scene
 
 
 @dataclass

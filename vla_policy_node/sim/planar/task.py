@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-The table-top task: coloured blocks placed at random, an instruction naming one, its success check.
+The planar arm's table-top task: coloured blocks placed at random, an instruction naming one, its success check.
 
 "touch the red block" succeeds once the arm's tip is within ``touch_radius`` of the
 red block's centre. Blocks are placed where the arm can reach them, apart from each
@@ -13,46 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla_policy_node.sim.arm import PlanarArm
-
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 190, 40),
-    "blue": (40, 60, 230),
-    "yellow": (235, 210, 20),
-}
-INSTRUCTION = "touch the {colour} block"
-
-
-@dataclass(frozen=True)
-class Block:
-    """A square block lying on the table."""
-
-    colour: str
-    position: tuple[float, float]      # centre (x, y), metres
-
-
-@dataclass(frozen=True)
-class Scene:
-    """One episode's layout and task."""
-
-    blocks: tuple[Block, ...]
-    target: str                         # colour of the block to touch
-    start: tuple[float, ...]            # joint positions the episode starts from
-
-    @property
-    def instruction(self) -> str:
-        return INSTRUCTION.format(colour=self.target)
-
-    def block(self, colour: str) -> Block:
-        for b in self.blocks:
-            if b.colour == colour:
-                return b
-        raise ValueError(f"no {colour} block in this scene; it has {[b.colour for b in self.blocks]}")
-
-    @property
-    def target_position(self) -> np.ndarray:
-        return np.asarray(self.block(self.target).position)
+from vla_policy_node.sim.planar.arm import PlanarArm
+from vla_policy_node.sim.scene import Block, COLOURS, Scene
 
 
 @dataclass(frozen=True)

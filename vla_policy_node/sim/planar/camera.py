@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla_policy_node.sim.task import COLOURS, Scene
+from vla_policy_node.sim.scene import COLOURS, Scene
 
 TABLE_RGB = (190, 180, 160)
 ARM_RGB = (50, 50, 50)
@@ -44,12 +44,6 @@ class TopCamera:
         y = self.y_range[1] - rows * (self.y_range[1] - self.y_range[0])
         return np.broadcast_to(x[None, :], (self.height, self.width)), \
             np.broadcast_to(y[:, None], (self.height, self.width))
-
-    def to_pixel(self, point: np.ndarray) -> tuple[int, int]:
-        """World (x, y) -> (row, col) of the pixel that contains it."""
-        col = (point[0] - self.x_range[0]) / (self.x_range[1] - self.x_range[0]) * self.width
-        row = (self.y_range[1] - point[1]) / (self.y_range[1] - self.y_range[0]) * self.height
-        return int(np.floor(row)), int(np.floor(col))
 
     def render(self, scene: Scene, joint_points: np.ndarray, half_size: float) -> np.ndarray:
         """Scene plus arm (its ``joint_points`` (J + 1, 2)) -> uint8 RGB (H, W, 3)."""

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vla_policy_node.sim.arm import JOINT_NAMES, PlanarArm
-from vla_policy_node.sim.camera import TopCamera
-from vla_policy_node.sim.expert import ScriptedExpert
-from vla_policy_node.sim.task import Scene, TaskConfig, sample_scene, touched
+from vla_policy_node.sim.planar.arm import JOINT_NAMES, PlanarArm
+from vla_policy_node.sim.planar.camera import TopCamera
+from vla_policy_node.sim.planar.expert import ScriptedExpert
+from vla_policy_node.sim.planar.task import TaskConfig, sample_scene, touched
+from vla_policy_node.sim.scene import Scene
 
 CAMERA_NAME = "top"
 
@@ -71,14 +72,6 @@ class TouchEnv:
         self.success = False
         return self.observation()
 
-    def set_scene(self, scene: Scene) -> dict:
-        """Start an episode on a given scene (from its start pose)."""
-        self.scene = scene
-        self.q = np.asarray(scene.start, dtype=np.float64)
-        self.steps = 0
-        self.success = False
-        return self.observation()
-
     def drive(self, target: np.ndarray | None, seconds: float) -> None:
         """Drive the joints toward ``target`` for ``seconds`` at the motors' maximum velocity (None: hold)."""
         if target is not None:
@@ -109,6 +102,9 @@ class TouchEnv:
         scene = self._scene()
         return {"images": {self.camera_name: self.render()}, "state": self.q.astype(np.float32),
                 "task": scene.instruction}
+
+    def close(self) -> None:
+        """Release nothing: the numpy camera holds no resources (the contract's ``close``)."""
 
     def _scene(self) -> Scene:
         if self.scene is None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla_policy_node.sim.arm import PlanarArm
-from vla_policy_node.sim.task import Scene
+from vla_policy_node.sim.planar.arm import PlanarArm
+from vla_policy_node.sim.scene import Scene
 
 
 @dataclass(frozen=True)
