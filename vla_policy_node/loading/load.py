@@ -22,7 +22,8 @@ from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi0, pi05,
 from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.runtime.policy import Policy, resolve_device, resolve_dtype
-from vla_policy_node.model.precision import cast_model
+from vla_policy_node.model.int8_linear import quantize_linears
+from vla_policy_node.model.precision import INT8, cast_model, load_dtype_name
 from vla_policy_node.model.preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
 from vla_policy_node.model.tokenizer import PADDING_SIDES, ByteTokenizer, TextTokenizer
 from vla_policy_node.model.vision import VisionSpec
@@ -59,8 +60,13 @@ def load_policy(checkpoint_dir: str | Path, device: str | torch.device = "auto",
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
-    policy = LOADERS[backbone](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
-                               pack_weights, lerobot_version)
+    int8 = dtype == INT8
+    if int8 and torch_device.type != "cpu":
+        raise ValueError(f"dtype int8 runs on the CPU only, not on {torch_device}; use float32 or bfloat16 there")
+    policy = LOADERS[backbone](folder, config, torch_device, resolve_dtype(load_dtype_name(dtype)), attention_backend,
+                               seed, pack_weights and not int8, lerobot_version)
+    if int8:
+        quantize_linears(policy.model)          # int8 weights take the packed copies' place
     log.info("loaded %s", policy.describe())
     return policy
 
