@@ -94,3 +94,15 @@ def test_int8_is_refused_off_the_cpu():
 
 def test_int8_engine_is_available_here():
     assert int8_linear.available()
+
+
+def test_the_tiny_random_policy_takes_int8_too():
+    """The node's random-weight tiny policy (no checkpoint) honours dtype int8 like a checkpoint does."""
+    from vla_policy_node.loading.load import build_tiny_policy
+
+    f32 = build_tiny_policy(("front",), chunk_size=8, num_steps=3)
+    int8 = build_tiny_policy(("front",), chunk_size=8, num_steps=3, dtype="int8")
+    obs = {"images": {"front": np.full((48, 64, 3), 100, np.uint8)}, "state": np.zeros(6, np.float32), "task": "go"}
+    noise = np.random.default_rng(0).standard_normal((1, 8, f32.model.max_action_dim)).astype(np.float32)
+    a, b = f32.predict_action_chunk(obs, noise=noise), int8.predict_action_chunk(obs, noise=noise)
+    assert 0.0 < relative_error(b, a) < INT8_ACTION_ATOL
