@@ -7,7 +7,9 @@ The installed node runs as a subprocess on ``vla-policy-bench``'s random ``smolv
 so101.yaml and demo.yaml, at 30 Hz with 50-action chunks; this process runs the simulated
 SO-101 (``ros.sim.robot``: MuJoCo physics on the wall clock, not lockstep) on the same
 2 cores, one episode of ``--duration`` seconds. The tracking check is off: random weights
-command arbitrary motions, and the question here is time, not the task. Reported from the
+command arbitrary motions, and the question here is time, not the task. ``max_observation_age``
+is raised to 10 s (its maximum): a chunk that arrives later than that after its observation
+is refused (default 0.5 s: every multi-second chunk would be). Reported from the
 node's /diagnostics (counted from the episode's start): control ticks, starved ticks (ticks
 after the episode's first chunk with no action to execute), waiting ticks (before it), holds
 by reason (from the node's log), and chunk latency p50/p95 (each chunk the node received).
@@ -51,7 +53,7 @@ def node_overrides(path: Path, checkpoint: Path, args: argparse.Namespace) -> No
     params = {"/**/vla_policy_node": {"ros__parameters": {
         "checkpoint": str(checkpoint), "dtype": args.dtype, "device": "cpu", "num_threads": args.threads,
         "compile": args.compile, "camera_names": ["cam0"], "control_rate_hz": RATE_HZ, "diagnostics_period": 0.5,
-        "policy_deadline": 10.0,
+        "policy_deadline": 10.0, "max_observation_age": args.max_observation_age,
         "chunking": {"horizon": HORIZON, "refill_threshold": args.refill_threshold, "blend": args.blend},
         "limits": {"max_tracking_error": [0.0] * 6},
     }}}
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refill-threshold", type=float, default=1.0,
                    help="chunking.refill_threshold (1.0: request as soon as a chunk arrives)")
     p.add_argument("--blend", default="latest", help="chunking.blend")
+    p.add_argument("--max-observation-age", type=float, default=10.0,
+                   help="s; chunks arriving later than this after their observation are refused (hold: policy stale)")
     p.add_argument("--lerobot-json", type=Path, help="a vla-policy-bench smolvla --json result with LeRobot's times")
     p.add_argument("--domain-id", type=int, default=int(os.environ.get("ROS_DOMAIN_ID", "97")))
     p.add_argument("--ready-timeout", type=float, default=600.0)
