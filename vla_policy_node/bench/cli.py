@@ -8,10 +8,11 @@ One run measures, after warm-up and on the same weights and inputs:
 - the cached path against the naive one that recomputes the prefix at every
   denoising step (alternating), with the theoretical ratio from FLOP counts;
 - LeRobot's own ``predict_action_chunk`` and whole path, run from ``.venv-lerobot`` (0.4.4;
-  ``VLA_BENCH_LEROBOT_PYTHON`` picks another, e.g. 0.6.1) as a subprocess (``lerobot_worker.py``): blocks of its chunks and ours alternate
-  ``--rounds`` times, each block after an idle pause, so that machine drift cancels and
-  neither process runs while the other's threads still spin; and the largest action
-  difference at equal noise;
+  ``VLA_BENCH_LEROBOT_PYTHON`` picks another, e.g. 0.6.1) as a subprocess
+  (``lerobot_worker.py``): blocks of its chunks and ours alternate ``--rounds`` times,
+  each block after an idle pause, so that machine drift cancels and neither process
+  runs while the other's threads still spin; and the largest action difference at
+  equal noise;
 - the matmul FLOPs per chunk and the fraction of the CPU's measured float32 peak each side reaches.
 
 Named configurations (``tiny``, ``smolvla``, ``pi0``) are random-weight models saved as
