@@ -106,3 +106,19 @@ def test_the_tiny_random_policy_takes_int8_too():
     noise = np.random.default_rng(0).standard_normal((1, 8, f32.model.max_action_dim)).astype(np.float32)
     a, b = f32.predict_action_chunk(obs, noise=noise), int8.predict_action_chunk(obs, noise=noise)
     assert 0.0 < relative_error(b, a) < INT8_ACTION_ATOL
+
+
+def test_export_takes_the_float_weights_and_the_int8_ones_come_back():
+    """Compiled programs are exported with the int8 weights hidden (export cannot carry them), then restored."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).eval()
+    x = torch.randn(3, 64)
+    expected = model(x)
+    assert int8_linear.quantize_linears(model) == 2
+    packed = [m.packed for m in model if isinstance(m, torch.nn.Linear)]
+    assert not any(isinstance(p, torch.Tensor) for p in packed)
+    with int8_linear.hidden(model):
+        program = torch.export.export(model, (x,), strict=False)
+        assert all(m.packed is None for m in model if isinstance(m, torch.nn.Linear))
+    assert [m.packed for m in model if isinstance(m, torch.nn.Linear)] == packed
+    torch.testing.assert_close(program.module()(x), expected)            # the float32 weights
+    assert (model(x) - expected).abs().max() < 0.05 * expected.abs().max()     # the int8 ones again

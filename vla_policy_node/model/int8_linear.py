@@ -15,8 +15,9 @@ stays float32. The action error against float32 is bounded in
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -65,3 +66,22 @@ def quantize_linears(model: nn.Module) -> int:
         setattr(module, attr, prepack(weight))
         count += 1
     return count
+
+
+@contextlib.contextmanager
+def hidden(model: nn.Module) -> Iterator[None]:
+    """
+    Hide the int8 prepacked weights (the float path runs) while ``torch.export`` traces ``model``.
+
+    Export cannot carry fbgemm's packed objects; compiled programs take the float32 weights.
+    A model without int8 weights is left as it is.
+    """
+    slots = [(m, a, t) for m, a, _ in packing_targets(model)
+             if (t := getattr(m, a, None)) is not None and not isinstance(t, Tensor)]
+    for m, a, _ in slots:
+        setattr(m, a, None)
+    try:
+        yield
+    finally:
+        for m, a, t in slots:
+            setattr(m, a, t)
