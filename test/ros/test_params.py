@@ -125,7 +125,7 @@ def test_default_yaml_is_valid():
      "parameter 'command_interface' = 'velocity' must be a string "
      '(one of joint_trajectory, forward_command, follow_joint_trajectory, gripper_command)'),
     ({'dtype': 'float64'},
-     "parameter 'dtype' = 'float64' must be a string (one of float32, bfloat16, float16)"),
+     "parameter 'dtype' = 'float64' must be a string (one of float32, bfloat16, float16, int8)"),
     ({'device': 'tpu'}, "parameter 'device' = 'tpu' must be auto, cpu, cuda or cuda:N"),
     ({'camera_names': ['front']},
      'camera_topics has 2 entries but camera_names has 1; give one name per topic'),
@@ -165,6 +165,11 @@ def test_bad_values_are_refused_with_a_reason(change, message):
     with pytest.raises(ParameterError) as error:
         settings_from_values({**VALUES, **change})
     assert str(error.value) == message
+
+
+def test_int8_is_a_dtype_and_float32_stays_the_default():
+    assert settings_from_values(VALUES).dtype == 'float32'
+    assert settings_from_values({**VALUES, 'dtype': 'int8'}).dtype == 'int8'
 
 
 @pytest.mark.parametrize('given, expected', [

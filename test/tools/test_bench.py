@@ -38,6 +38,12 @@ def test_bench_json_structure_without_lerobot(tmp_path, monkeypatch, capsys):
     assert naive["max_abs_diff"] < 1e-5 and naive["ratio"] > 1
     assert 1 < naive["theoretical_ratio"] < 10 and naive["gflops"]["prefix"] > naive["gflops"]["step"] > 0
     assert r["lerobot"]["available"] is False and "make lerobot-env" in r["lerobot"]["reason"]
+    flops = r["flops"]          # FLOPs per chunk and the fraction of the measured float32 matmul peak
+    assert flops["gflops"]["chunk"] == pytest.approx(flops["gflops"]["prefix"] + 10 * flops["gflops"]["step"])
+    assert flops["gflops"]["prefix"] == pytest.approx(naive["gflops"]["prefix"])
+    assert flops["peak_gflops"] == max(flops["peak_measured"]["mkl"], flops["peak_measured"].get("onednn_packed", 0))
+    assert 0 < flops["ours_fraction"] < 1 and "lerobot_fraction" not in flops
+    assert len(r["stages"]["total"]["seconds"]) == 2
     table = capsys.readouterr().out
     assert "denoise step (each)" in table and "LeRobot: not measured" in table
 

@@ -70,18 +70,105 @@ def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: s
     path.write_text(json.dumps(params))      # YAML is a superset of JSON
 
 
+class Probe:
+    """The bench's ROS side: joint states, the instruction, camera frames out; commands and diagnostics in."""
+
+    def __init__(self, camera_names: list[str]) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.executors import SingleThreadedExecutor
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import Float64MultiArray, String
+
+        from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
+                                             JOINT_STATES_QOS)
+
+        rclpy.init()
+        self.node = probe = rclpy.create_node("vla_bench_probe")
+        self.commands = threading.Event()
+        self.received = 0.0
+        self.total_p50_ms = None
+        probe.create_subscription(Float64MultiArray, "bench/commands", self._on_command, COMMAND_QOS)
+        probe.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, DIAGNOSTICS_QOS)
+        self.cams = [probe.create_publisher(Image, f"bench/{c.split('.')[-1]}/image_raw", CAMERA_QOS)
+                     for c in camera_names]
+        joints = probe.create_publisher(JointState, "bench/joint_states", JOINT_STATES_QOS)
+        instruction = probe.create_publisher(String, "bench/instruction", INSTRUCTION_QOS)
+        instruction.publish(String(data="pick up the red cube and put it in the bin"))
+        probe.create_timer(0.02, lambda: joints.publish(JointState(name=JOINTS, position=[0.0] * 6)))
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(probe)
+        threading.Thread(target=self.executor.spin, daemon=True).start()
+
+    def _on_command(self, _msg) -> None:
+        self.received = time.perf_counter()
+        self.commands.set()
+
+    def _on_diagnostics(self, msg) -> None:
+        for status in msg.status:
+            for kv in status.values:
+                if kv.key == "total_latency_p50_ms":
+                    self.total_p50_ms = float(kv.value)
+
+    def publish_frame(self, frame) -> None:
+        """Publish one frame on every camera topic."""
+        for pub in self.cams:
+            pub.publish(frame)
+
+    def close(self) -> None:
+        """Stop spinning and shut the probe's context down."""
+        import rclpy
+
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown()
+
+
+def wait_ready(probe: Probe, proc: subprocess.Popen, log, log_path: Path, timeout: float = 600.0) -> None:
+    """Wait until the node reports its latencies (loaded and warmed up); raise if it exits first."""
+    deadline = time.monotonic() + timeout
+    while probe.total_p50_ms is None and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.flush()
+            raise RuntimeError(f"the node exited (code {proc.returncode}):\n" + log_path.read_text()[-4000:])
+        time.sleep(0.1)
+
+
+def time_frames(probe: Probe, frame_hw: tuple[int, int], iters: int, warmup: int, progress) -> tuple[list, int]:
+    """Time frame -> first command ``warmup + iters`` times; return the timed latencies and the frames lost."""
+    from sensor_msgs.msg import Image
+
+    h, w = frame_hw
+    rng = np.random.default_rng(0)
+    latencies: list[float] = []
+    lost = 0
+    settle = 0.3
+    for i in range(warmup + iters):
+        # The node re-plans while the frame is fresh; once it is stale (plan dropped, one hold,
+        # then silence) the last inference must have ended, or the next frame would wait for it.
+        time.sleep(STALE_AFTER + settle)
+        probe.commands.clear()
+        frame = Image(height=h, width=w, encoding="rgb8", step=3 * w,
+                      data=rng.integers(0, 256, h * w * 3, dtype=np.uint8).tobytes())
+        sent = time.perf_counter()
+        while True:                  # a 30 Hz camera: a frame lost on the best-effort topic costs a period
+            probe.publish_frame(frame)
+            if probe.commands.wait(timeout=1 / CAMERA_HZ) or time.perf_counter() - sent > 60:
+                break
+            lost += 1
+        if not probe.commands.is_set():
+            continue
+        settle = max(0.3, 3 * (probe.received - sent))
+        if i >= warmup:
+            latencies.append(probe.received - sent)
+            progress(f"dds {i + 1 - warmup}/{iters}: frame -> command {1e3 * latencies[-1]:.1f} ms")
+    return latencies, lost
+
+
 def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int], dtype: str, threads: int,
             rate_hz: float, iters: int, warmup: int, progress, compile_policy: bool = False) -> dict:
     """Frame-to-command latency of the installed node (seconds summarized by the caller)."""
     os.environ.update({k: v for k, v in ros_env().items() if k.startswith(("ROS_", "FASTDDS_"))})
-    import rclpy
-    from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.executors import SingleThreadedExecutor
-    from sensor_msgs.msg import Image, JointState
-    from std_msgs.msg import Float64MultiArray, String
-
-    from vla_policy_node.ros.qos import CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS, JOINT_STATES_QOS
-
     try:
         node_exe = installed_executable()
     except FileNotFoundError as missing:
@@ -90,78 +177,22 @@ def measure(checkpoint: Path, camera_names: list[str], frame_hw: tuple[int, int]
     params = work / "params.yaml"
     write_params(params, checkpoint, [c.split(".")[-1] for c in camera_names], dtype, threads, rate_hz,
                  compile_policy)
+    probe = Probe(camera_names)                     # rclpy imported (and any import error raised) first
     log = open(work / "node.log", "w")
-    proc = subprocess.Popen([str(node_exe), "--ros-args", "--params-file", str(params)], env=ros_env(),
-                            stdout=log, stderr=subprocess.STDOUT)
-    rclpy.init()
-    probe = rclpy.create_node("vla_bench_probe")
-    commands = threading.Event()
-    state = {"received": 0.0, "total_p50_ms": None}
-
-    def on_command(_msg) -> None:
-        state["received"] = time.perf_counter()
-        commands.set()
-
-    def on_diagnostics(msg) -> None:
-        for status in msg.status:
-            for kv in status.values:
-                if kv.key == "total_latency_p50_ms":
-                    state["total_p50_ms"] = float(kv.value)
-
-    probe.create_subscription(Float64MultiArray, "bench/commands", on_command, COMMAND_QOS)
-    probe.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, DIAGNOSTICS_QOS)
-    cams = [probe.create_publisher(Image, f"bench/{c.split('.')[-1]}/image_raw", CAMERA_QOS) for c in camera_names]
-    joints = probe.create_publisher(JointState, "bench/joint_states", JOINT_STATES_QOS)
-    instruction = probe.create_publisher(String, "bench/instruction", INSTRUCTION_QOS)
-    instruction.publish(String(data="pick up the red cube and put it in the bin"))
-    probe.create_timer(0.02, lambda: joints.publish(JointState(name=JOINTS, position=[0.0] * 6)))
-    executor = SingleThreadedExecutor()
-    executor.add_node(probe)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-
-    h, w = frame_hw
-    rng = np.random.default_rng(0)
-    latencies: list[float] = []
-    lost = 0
     try:
-        deadline = time.monotonic() + 600
-        while state["total_p50_ms"] is None and time.monotonic() < deadline:      # loaded and warmed up
-            if proc.poll() is not None:
-                log.flush()
-                raise RuntimeError(f"the node exited (code {proc.returncode}):\n"
-                                   + (work / "node.log").read_text()[-4000:])
-            time.sleep(0.1)
-        settle = 0.3
-        for i in range(warmup + iters):
-            # The node re-plans while the frame is fresh; once it is stale (plan dropped, one hold,
-            # then silence) the last inference must have ended, or the next frame would wait for it.
-            time.sleep(STALE_AFTER + settle)
-            commands.clear()
-            frame = Image(height=h, width=w, encoding="rgb8", step=3 * w,
-                          data=rng.integers(0, 256, h * w * 3, dtype=np.uint8).tobytes())
-            sent = time.perf_counter()
-            while True:                  # a 30 Hz camera: a frame lost on the best-effort topic costs a period
-                for pub in cams:
-                    pub.publish(frame)
-                if commands.wait(timeout=1 / CAMERA_HZ) or time.perf_counter() - sent > 60:
-                    break
-                lost += 1
-            if not commands.is_set():
-                continue
-            settle = max(0.3, 3 * (state["received"] - sent))
-            if i >= warmup:
-                latencies.append(state["received"] - sent)
-                progress(f"dds {i + 1 - warmup}/{iters}: frame -> command {1e3 * latencies[-1]:.1f} ms")
-        time.sleep(1.2)                             # one more diagnostics period
+        proc = subprocess.Popen([str(node_exe), "--ros-args", "--params-file", str(params)], env=ros_env(),
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(probe, proc, log, work / "node.log")
+            latencies, lost = time_frames(probe, frame_hw, iters, warmup, progress)
+            time.sleep(1.2)                         # one more diagnostics period
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
     finally:
-        executor.shutdown()
-        probe.destroy_node()
-        rclpy.try_shutdown()
-        proc.terminate()
-        proc.wait(timeout=30)
+        probe.close()
         log.close()
-        shutil.rmtree(work, ignore_errors=True)          # nothing left in the temp folder
+        shutil.rmtree(work, ignore_errors=True)      # nothing left in the temp folder
     return {"available": True, "domain_id": DOMAIN_ID, "control_rate_hz": rate_hz, "compile": compile_policy,
             "frames_without_command_within_a_period": lost,
-            "latencies_s": latencies, "node_total_p50_ms": state["total_p50_ms"]}
+            "latencies_s": latencies, "node_total_p50_ms": probe.total_p50_ms}

@@ -22,6 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
+from vla_policy_node.model import packed_linear
 from vla_policy_node.model.blocks import packing_targets
 from vla_policy_node.runtime.policy import Policy
 from vla_policy_node.model.prefix_cache import VLAPrefixCache
@@ -260,3 +261,36 @@ def naive_ratio(policy: Policy, inputs: ModelInputs, noise: torch.Tensor, iters:
         "gflops": {"prefix": p / 1e9, "step": s / 1e9},
         "max_abs_diff": float((a - b).abs().max()),
     }
+
+
+def chunk_flops(policy: Policy, inputs: ModelInputs, noise: torch.Tensor) -> dict[str, float]:
+    """Matmul FLOPs of one chunk: one prefix pass and ``num_steps`` denoising steps (``count_flops``)."""
+    flops = count_flops(policy, inputs, noise)
+    return {**flops, "chunk": flops["prefix"] + policy.num_steps * flops["step"]}
+
+
+def peak_float32_flops(size: int = 2048, iters: int = 10) -> dict[str, float]:
+    """
+    Measure the float32 matmul rate at torch's thread count: best of ``iters`` (n, 4n) x (4n, n) products.
+
+    Both kernels the policy may use are timed, MKL's ``torch.mm`` and oneDNN with a packed
+    weight (``packed_linear``); the faster is the peak the bench's fractions are against.
+    """
+    x = torch.randn(size, 4 * size)
+    w = torch.randn(size, 4 * size)
+    runs = {"mkl": lambda: torch.mm(x, w.t())}
+    packed = packed_linear.pack(w)
+    if packed is not None:
+        runs["onednn_packed"] = lambda: packed_linear.linear(x, w, None, packed)
+    rates = {}
+    for name, fn in runs.items():
+        fn()
+        best = min(_timed(fn) for _ in range(iters))
+        rates[name] = 2.0 * size * size * 4 * size / best
+    return {**rates, "peak": max(rates.values()), "threads": torch.get_num_threads(), "size": size}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

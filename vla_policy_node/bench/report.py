@@ -61,6 +61,13 @@ def table(result: dict) -> str:
                      f"(theoretical {n['theoretical_ratio']:.2f} "
                      f"from FLOPs, {n['expected_ratio_from_stage_medians']:.2f} from stage medians); "
                      f"max |diff| {n['max_abs_diff']:.1e}")
+    fl = result.get("flops")
+    if fl:
+        pk = fl["peak_measured"]
+        lines.append(f"matmul FLOPs per chunk {fl['gflops']['chunk']:.1f} G (prefix {fl['gflops']['prefix']:.1f} G + "
+                     f"{c['num_steps']} x {fl['gflops']['step']:.2f} G); float32 peak {fl['peak_gflops']:.0f} GFLOP/s "
+                     f"({pk['threads']} threads, best matmul) -> ours {100 * fl['ours_fraction']:.1f}% of it"
+                     + (f", LeRobot {100 * fl['lerobot_fraction']:.1f}%" if "lerobot_fraction" in fl else ""))
     lr = result["lerobot"]
     if lr.get("available") and "speedup" in lr:
         lines.append(f"LeRobot {lr['torch']} predict_action_chunk (float32): median {lr['median_ms']:.1f} ms, "

@@ -22,7 +22,8 @@ from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi0, pi05,
 from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.runtime.policy import Policy, resolve_device, resolve_dtype
-from vla_policy_node.model.precision import cast_model
+from vla_policy_node.model.int8_linear import quantize_linears
+from vla_policy_node.model.precision import INT8, cast_model, load_dtype_name
 from vla_policy_node.model.preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
 from vla_policy_node.model.tokenizer import PADDING_SIDES, ByteTokenizer, TextTokenizer
 from vla_policy_node.model.vision import VisionSpec
@@ -59,10 +60,21 @@ def load_policy(checkpoint_dir: str | Path, device: str | torch.device = "auto",
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
-    policy = LOADERS[backbone](folder, config, torch_device, resolve_dtype(dtype), attention_backend, seed,
-                               pack_weights, lerobot_version)
+    torch_dtype, int8 = _precision(dtype, torch_device)
+    policy = LOADERS[backbone](folder, config, torch_device, torch_dtype, attention_backend, seed,
+                               pack_weights and not int8, lerobot_version)
+    if int8:
+        quantize_linears(policy.model)          # int8 weights take the packed copies' place
     log.info("loaded %s", policy.describe())
     return policy
+
+
+def _precision(dtype: str, device: torch.device) -> tuple[torch.dtype, bool]:
+    """Return the dtype a ``dtype`` setting loads the model in, and whether its linears then go int8."""
+    int8 = dtype == INT8
+    if int8 and device.type != "cpu":
+        raise ValueError(f"dtype int8 runs on the CPU only, not on {device}; use float32 or bfloat16 there")
+    return resolve_dtype(load_dtype_name(dtype)), int8
 
 
 def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str,
@@ -298,5 +310,9 @@ def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int =
     torch_device, note = resolve_device(device)
     if note:
         log.warning(note)
-    return Policy("tiny", cast_model(model, torch_device, resolve_dtype(dtype)), pre, action_norm, action_dim,
-                  num_steps, torch_device, seed)
+    torch_dtype, int8 = _precision(dtype, torch_device)
+    policy = Policy("tiny", cast_model(model, torch_device, torch_dtype), pre, action_norm, action_dim,
+                    num_steps, torch_device, seed, pack_weights=not int8)
+    if int8:
+        quantize_linears(policy.model)
+    return policy

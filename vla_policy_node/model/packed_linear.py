@@ -55,10 +55,14 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[T
     Compute ``F.linear``, through the packed weight when there is one and no autograd is needed.
 
     Exported (compiled) code takes the plain weight: the compiler picks its own kernels.
+    ``packed`` may also be an int8 prepacked weight (``int8_linear``, ``dtype: int8``).
     """
     if (packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled())
             or torch.compiler.is_compiling()):
         return F.linear(x, weight, bias)
+    if not isinstance(packed, Tensor):                  # int8 prepacked weight (``int8_linear``)
+        return torch.ops.quantized.linear_dynamic(x, packed) if bias is None else (
+            torch.ops.quantized.linear_dynamic(x, packed) + bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

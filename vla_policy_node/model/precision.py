@@ -29,3 +29,11 @@ def cast_model(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn
     if dtype != torch.float32:
         keep_float32(model, getattr(model, "FLOAT32_MODULES", ()))
     return model.eval()
+
+
+INT8 = "int8"    # a ``dtype`` name: float32 model, int8 weights in its large CPU matmuls (``int8_linear``)
+
+
+def load_dtype_name(name: str) -> str:
+    """Return the float dtype name a ``dtype`` setting loads the model in (``int8`` loads float32, then quantizes)."""
+    return "float32" if name == INT8 else name

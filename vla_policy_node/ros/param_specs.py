@@ -21,7 +21,7 @@ from vla_policy_node.model.preprocessing import MAX_TASK_CHARS
 from vla_policy_node.ros.command_groups import COMMAND_INTERFACES, group_parameter
 
 CAMERA_TRANSPORTS = ('raw', 'compressed')
-DTYPES = ('float32', 'bfloat16', 'float16')
+DTYPES = ('float32', 'bfloat16', 'float16', 'int8')
 INFERENCE = ('local', 'remote')
 
 
@@ -115,7 +115,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               'followed); empty allows any folder.'),
     ParamSpec('device', 'auto', 'Torch device: auto, cpu, cuda or cuda:N. CUDA falls back to '
               'the CPU, with a log line, where no GPU exists.'),
-    ParamSpec('dtype', 'float32', 'Weights and activation dtype.', choices=DTYPES),
+    ParamSpec('dtype', 'float32', 'Weights and activation dtype; int8: int8 linear weights, float32 '
+              'activations (CPU only).', choices=DTYPES),
     ParamSpec('cuda_graphs', True, 'On CUDA, capture the prefix pass and the denoising loop as '
               'CUDA graphs during the warm-up, before the node reports ready (rtc stays eager). For '
               'checkpoints padding to the longest, one capture per prompt length bucket.'),

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from vla_policy_node.model import int8_linear
 from vla_policy_node.model.flow import euler_integrate
 from vla_policy_node.model.prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
 from vla_policy_node.runtime.program_cache import ProgramCache
@@ -151,7 +152,8 @@ def aot_compile(module: nn.Module, args: tuple, package_path: Path) -> None:
     Refuses a program that writes any of its inputs or buffers: the prefix it
     reads must stay read-only.
     """
-    program = torch.export.export(module, args, strict=False).run_decompositions()   # functional: writes listed
+    with int8_linear.hidden(module):            # dtype int8: the compiled program takes the float32 weights
+        program = torch.export.export(module, args, strict=False).run_decompositions()   # functional: writes listed
     signature = program.graph_signature
     if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
         raise RuntimeError(f"{type(module).__name__} writes its inputs or buffers; refusing to compile it")

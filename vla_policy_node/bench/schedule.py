@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""
+The node's chunk scheduler run on a simulated clock with a given chunk-latency distribution.
+
+Used by ``benchmarks/closed_loop.py`` to feed LeRobot's measured chunk latencies (and ours) to
+the scheduler the node runs (``control.chunking.ChunkScheduler``), tick by tick, without a
+robot or a model: one request at a time, as in the node; a chunk computed from the observation
+of tick ``k`` arrives ``latency`` seconds later, and the actions whose time passed are skipped.
+``refill_threshold_for`` is the setting that rule implies for a latency.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from vla_policy_node.control.chunking import ChunkScheduler, SchedulerConfig
+
+
+def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int, margin_ticks: int = 1) -> Optional[float]:
+    """
+    Return the smallest ``refill_threshold`` that keeps the robot fed at this chunk latency, or None.
+
+    With one request in flight, a chunk computed from the observation at tick ``k`` arrives
+    ``n = latency * rate`` ticks later with its first ``n`` actions overdue: ``horizon - n``
+    are left. Two conditions follow (``n`` plus ``margin_ticks`` for the tick a request
+    waits for and jitter): the actions left at the request, ``refill_threshold * horizon``,
+    must last ``n`` ticks, and so must the ``horizon - n`` a new chunk brings, or the next
+    request starts from too few. None: ``n > horizon / 2``, no threshold avoids starved ticks
+    at this latency (at 30 Hz with 50-action chunks: above 0.8 s); only a faster
+    policy or a longer chunk does.
+    """
+    needed = math.ceil(latency_s * rate_hz) + margin_ticks
+    return None if 2 * needed > horizon else needed / horizon
+
+
+def simulate(latencies_s: Sequence[float], rate_hz: float, horizon: int, refill_threshold: float,
+             duration_s: float, seed: int = 0) -> dict:
+    """
+    Run ``duration_s`` of control ticks; each chunk's latency is drawn from ``latencies_s``.
+
+    Returns the scheduler's counters (``starved_ticks``: ticks after the first chunk with no
+    action to execute; ``waiting_ticks``: before it), the ticks, and the latencies drawn.
+    """
+    if not latencies_s or min(latencies_s) <= 0:
+        raise ValueError("latencies_s must be a non-empty list of positive seconds")
+    rng = np.random.default_rng(seed)
+    scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=rate_hz, horizon=horizon,
+                                               refill_threshold=refill_threshold))
+    chunk = np.zeros((horizon, 1))
+    pending, arrival, drawn = None, 0.0, []
+    ticks = int(round(duration_s * rate_hz))
+    for k in range(ticks):
+        now = k / rate_hz
+        if pending is not None and arrival <= now:
+            scheduler.submit_chunk(pending, chunk, arrival)
+            pending = None
+        scheduler.take(now)
+        if pending is None and scheduler.needs_chunk():
+            pending = scheduler.begin_request(now)
+            drawn.append(float(rng.choice(np.asarray(latencies_s))))
+            arrival = now + drawn[-1]
+    return {**scheduler.stats, "ticks": ticks, "latencies_s": drawn}
