@@ -90,6 +90,8 @@ def test_dds_mode_passes_compile_to_the_node(tmp_path):
     params = yaml.safe_load(path.read_text())["/**"]["ros__parameters"]
     assert params["compile"] is True and params["num_threads"] == 1
     assert "compile" in {spec.name for spec in PARAMETERS}
+    # The probe's joints stand still: with the default tracking check the node latched a stop and sent nothing.
+    assert params["limits"]["max_tracking_error"] == [0.0]
 
 
 def test_bench_batch_and_longest_padding(tmp_path, monkeypatch):

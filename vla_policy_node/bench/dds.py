@@ -65,7 +65,9 @@ def write_params(path: Path, checkpoint: Path, camera_names: list[str], dtype: s
         "joint_names": JOINTS, "instruction_topic": "bench/instruction", "joint_states_topic": "bench/joint_states",
         "command_interface": "forward_command", "command_topic": "bench/commands",
         "control_rate_hz": rate_hz, "max_observation_age": STALE_AFTER, "diagnostics_period": 0.5,
-        "limits": {"lower": [-10.0] * 6, "upper": [10.0] * 6, "max_velocity": [1e3] * 6, "max_step": 10.0},
+        # The bench's joints stand still whatever is commanded: no tracking check.
+        "limits": {"lower": [-10.0] * 6, "upper": [10.0] * 6, "max_velocity": [1e3] * 6, "max_step": 10.0,
+                   "max_tracking_error": [0.0]},
     }}}
     path.write_text(json.dumps(params))      # YAML is a superset of JSON
 
