@@ -3,7 +3,7 @@
 PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
 
 The runtime owns the prefix cache and the counters the node reports. A
-family model provides three methods (see ``FlowMatchingVLA``); the runtime
+family model provides three methods (see ``model/vla.py``); the runtime
 never looks inside them, so every family gets the same prefix-once guarantee.
 """
 
@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from vla_policy_node.runtime.program_cache import (compiler_settings, device_kin
 from vla_policy_node.runtime.shape_buckets import (smallest_holding, with_batch_size, with_prompt_length,
                                                    without_shared_padding)
 from vla_policy_node.model.types import ModelInputs
+from vla_policy_node.model.vla import FlowMatchingVLA
 
 # Config fields only the preprocessor reads: the prompt and image shapes they lead to are in each
 # program's input signature, so they stay out of the program key, and a checkpoint saved with
@@ -59,23 +60,6 @@ class RuntimeConfig:
         if self.cuda_graphs and device.type == "cuda":
             return GRAPHS
         return COMPILED if self.torch_compile else EAGER
-
-
-class FlowMatchingVLA(Protocol):
-    """What a model family implements."""
-
-    num_cache_layers: int      # layers whose K/V the prefix pass caches
-    chunk_size: int
-    max_action_dim: int
-
-    def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
-        """Run the VLM once over images, language (and state), filling ``cache``."""
-
-    def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """Per-step constants of the fixed schedule (time embeddings), computed once."""
-
-    def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
-        """v(x_t, t) for x_t (B, T, max_action_dim) against the frozen prefix; float32 out."""
 
 
 @dataclass

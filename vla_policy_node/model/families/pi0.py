@@ -34,7 +34,7 @@ def pi0_prompt(task: str) -> str:
 
 
 class Pi0(PaliGemmaFlowModel):
-    """pi0 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
+    """pi0 flow-matching policy network (implements ``model.vla.FlowMatchingVLA``)."""
 
     FLOAT32_MODULES = BACKBONE_FLOAT32 + ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp")
 
