@@ -287,7 +287,7 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
     ValueError if an episode (or the whole bag) has no instruction, or no observation was ever complete.
     """
     dt = 1.0 / settings.control_rate_hz
-    horizon = settings.chunking.horizon or policy.chunk_size
+    horizon = settings.horizon or policy.chunk_size
     period = period or horizon * dt
     topics = _Topics.of(settings, namespace, node)
     check_bag(bag, settings, namespace, node)
@@ -378,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         check_bag(args.bag, settings, args.namespace, args.node)   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
-                             lambda text: print(f'warning: {text}', file=sys.stderr))
+                             lambda text: print(f'warning: {text}', file=sys.stderr), (), settings.horizon,
+                             settings.guided)
         result = replay(args.bag, settings, policy, args.period, args.namespace, args.node)
     except (ParameterError, PolicyLoadError, ValueError, OSError) as error:
         print(f'vla-policy-replay: {error}', file=sys.stderr)

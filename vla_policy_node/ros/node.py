@@ -16,6 +16,7 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -84,13 +85,7 @@ def remote_deadline(settings: NodeSettings, sim_time: bool) -> float:
 
 def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig:
     """Chunk execution settings (horizon 0 means the policy's whole chunk)."""
-    chunking = settings.chunking
-    return SchedulerConfig(
-        control_rate_hz=settings.control_rate_hz, horizon=chunking.horizon or chunk_size,
-        refill_threshold=chunking.refill_threshold, blend=chunking.blend,
-        blend_weight=chunking.blend_weight, ensemble_decay=chunking.ensemble_decay,
-        rtc_max_guidance_weight=chunking.rtc_max_guidance_weight, rtc_guidance=chunking.rtc_guidance,
-        execution_horizon=chunking.execution_horizon)
+    return dataclasses.replace(settings.scheduler, horizon=settings.horizon or chunk_size)
 
 
 class PolicyWiring:
@@ -142,7 +137,7 @@ class PolicyWiring:
     def _make_loop(self) -> ControlLoop:
         """Make a control loop bound to the inference (units mapped); its sink is :meth:`_publish`."""
         settings = self._settings
-        horizon = settings.chunking.horizon if self._policy is None else self._policy.chunk_size
+        horizon = settings.horizon if self._policy is None else self._policy.chunk_size
         return ControlLoop(
             loop_settings(settings), scheduler_config(settings, horizon),
             joint_mapped(self._worker, settings.joint_map), self._publish, self._log,
@@ -158,9 +153,10 @@ class PolicyWiring:
             return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
                                          remote_deadline(settings, self._sim_time()),
                                          self.get_logger().warning, settings.remote_server_timeout,
-                                         self.get_logger().info, settings.chunking.horizon,
+                                         self.get_logger().info, settings.horizon,
                                          settings.remote_fleet_key)
-        policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
+        policy = make_policy(settings, self.get_logger().info, self.get_logger().warning, (), settings.horizon,
+                             settings.guided)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
     def _wire(self) -> None:
@@ -315,7 +311,7 @@ class PolicyWiring:
             looser = loop_settings(settings).limits.loosened_from(self._envelope)
             reason = None if looser is None else f'limits: {looser}'
         if reason is None:
-            horizon = self._loop.horizon if self._loop is not None else settings.chunking.horizon or None
+            horizon = self._loop.horizon if self._loop is not None else settings.horizon or None
             horizon_s = None if horizon is None else horizon / settings.control_rate_hz
             reason = ages_loosened(settings, self._start_ages, horizon_s)
         if reason is None and self._loop is not None:

@@ -54,7 +54,8 @@ from vla_policy_node.server.sessions import SessionTable
 from vla_policy_node.control.inference import FAULT_RAISED
 from vla_policy_node.runtime.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
-from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, PolicySettings, SPECS
+from vla_policy_node.ros.params import (check_random_weights, ParameterError, ParamSpec, policy_settings_fields,
+                                        PolicySettings, SPECS)
 from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
@@ -85,8 +86,6 @@ SERVER_PARAMETERS = (
               'remote.fleet_key_file): only requests signed with it are served, answers and heartbeats '
               'are signed. Empty: no key.'),
 )
-NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
-                          ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +98,6 @@ class ServerSettings(PolicySettings):
     batch_max_queued_mib: int
     heartbeat_period: float
     fleet_key: bytes | None = field(default=None, repr=False)
-    chunking: ChunkingSettings = NO_RTC     # robots choose blending; compile stays allowed
 
 
 def declare_server_parameters(node: Node) -> ServerSettings:
@@ -116,10 +114,7 @@ def declare_server_parameters(node: Node) -> ServerSettings:
             raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}") from error
         if spec.choices and values[spec.name] not in spec.choices:
             raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}")
-    if not values['checkpoint'] and not values['allow_random_weights']:
-        raise ParameterError(
-            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
-            "'checkpoint' (or allow_random_weights: true for plumbing tests)")
+    check_random_weights(values)
     for name in ('camera_names', 'joint_names'):
         if not values[name] or len(set(values[name])) != len(values[name]):
             raise ParameterError(f"parameter '{name}' must list distinct names")
@@ -128,15 +123,7 @@ def declare_server_parameters(node: Node) -> ServerSettings:
     except FleetKeyError as error:
         raise ParameterError(f"parameter 'fleet_key_file': {error}") from error
     return ServerSettings(
-        checkpoint=values['checkpoint'], allow_random_weights=values['allow_random_weights'],
-        checkpoint_root=values['checkpoint_root'], device=values['device'],
-        dtype=values['dtype'], cuda_graphs=values['cuda_graphs'],
-        torch_compile=values['compile'], compile_cache_dir=values['compile_cache_dir'],
-        num_threads=values['num_threads'],
-        tiny_chunk_size=values['tiny_model.chunk_size'],
-        tiny_num_steps=values['tiny_model.num_steps'], tiny_seed=values['tiny_model.seed'],
-        camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
-        diagnostics_period=values['diagnostics_period'],
+        **policy_settings_fields(values), diagnostics_period=values['diagnostics_period'],
         batch_window=values['batch.window'], batch_max_size=values['batch.max_size'],
         batch_max_queued_mib=values['batch.max_queued_mib'], heartbeat_period=values['heartbeat_period'],
         fleet_key=fleet_key)
