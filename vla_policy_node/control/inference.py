@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,6 +50,16 @@ class InferenceResult:
     error: str
     duration: float
     finished_at: float
+
+
+class Inference(Protocol):
+    """What the control loop needs of the inference thread (``InferenceWorker``, or a test double)."""
+
+    busy: bool
+
+    def bind(self, on_result: Callable[[InferenceResult], None]) -> None: ...
+    def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool: ...
+    def request_reset(self) -> None: ...
 
 
 class InferenceWorker:
