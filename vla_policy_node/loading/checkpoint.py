@@ -95,7 +95,7 @@ def hub_snapshot(repo_id: str) -> Path:
                 f"itself ({', '.join(p.name for p in found)})")
     raise CheckpointError(
         f"checkpoint {repo_id!r} is neither a folder nor a model in the local Hugging Face cache "
-        f"(looked in {', '.join(tried)}); download it first: huggingface-cli download {repo_id}")
+        f"(looked in {', '.join(tried)}); download it first: hf download {repo_id}")
 
 
 def cache_blobs(folder: Path) -> Optional[Path]:
