@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from vla_policy_node.runtime.policy import error_summary, resolve_device
+from vla_policy_node.runtime.policy import resolve_device
+from vla_policy_node.runtime.warmup import error_summary
 from vla_policy_node.runtime.engine import PolicyRuntime, RuntimeConfig
 from vla_policy_node.loading import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import PolicySettings

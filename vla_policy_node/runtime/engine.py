@@ -13,9 +13,10 @@ import dataclasses
 import hashlib
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -94,7 +95,7 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 config: RuntimeConfig = RuntimeConfig()) -> None:
+                 config: RuntimeConfig = RuntimeConfig(), prompt_lengths: tuple[int, ...] = ()) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -107,7 +108,7 @@ class PolicyRuntime:
         self._compiled: dict[tuple, CompiledSample] = {}
         self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         # Shapes the graphs and programs are built for (see ``shape_buckets``); empty: each call's own.
-        self.prompt_lengths: tuple[int, ...] = ()   # 'longest' padding pads a prompt up to one of these
+        self.prompt_lengths = tuple(prompt_lengths)   # 'longest' padding pads a prompt up to one of these
         self._program_key: Optional[dict] = None
         self.configure(config)
 
@@ -119,6 +120,19 @@ class PolicyRuntime:
         self.program_cache: Optional[ProgramCache] = None   # opened at the first compile
         self._graphs.clear()
         self._compiled.clear()
+
+    def choose_path(self, path: str) -> None:
+        """Run unguided chunks on ``path`` from now on: the warm-up's verdict (COMPILED may step back to EAGER)."""
+        self.path = path
+
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        """Build graphs or programs for new input shapes inside the block (the warm-up); never after it."""
+        self.build_new_signatures = True
+        try:
+            yield
+        finally:
+            self.build_new_signatures = False
 
     @property
     def torch_compile(self) -> bool:
