@@ -35,7 +35,7 @@ from std_srvs.srv import Trigger
 
 from vla_policy_node.control.ages import ages_loosened, StartAges
 from vla_policy_node.control.chunking import SchedulerConfig
-from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
+from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings, LoopStatus
 from vla_policy_node.control.inference import InferenceWorker
 from vla_policy_node.control.joint_map import joint_mapped
 from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
@@ -88,6 +88,26 @@ def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig
     return dataclasses.replace(settings.scheduler, horizon=settings.horizon or chunk_size)
 
 
+def node_status(settings: NodeSettings, policy: Any, worker_stats: dict[str, Any], loop: LoopStatus,
+                output_counters: dict[str, int]) -> diagnostics.NodeStatus:
+    """The node's status from its parts: the policy (None: a server's), its worker's stats, the loop's status."""
+    device = 'remote' if policy is None else str(policy.device)
+    return diagnostics.NodeStatus(
+        state=loop.state, level=loop.level, model=model_description(settings, policy, worker_stats.get('server')),
+        device=device, counters={**worker_stats['counters'], **loop.counters, **output_counters},
+        latencies=worker_stats['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
+        max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
+
+
+def model_description(settings: NodeSettings, policy: Any, server: str | None = None) -> str:
+    """Say which policy runs: a server's, a checkpoint's, or random weights."""
+    if policy is None:
+        return f"policy of the server {server or ' or '.join(settings.remote_servers)}"
+    if settings.checkpoint:
+        return f'{policy.family} from {settings.checkpoint}'
+    return f'{policy.family} model with RANDOM weights (no checkpoint)'
+
+
 class PolicyWiring:
     """
     The node's wiring, shared by the plain node and the lifecycle node (ros/lifecycle_node.py).
@@ -128,9 +148,8 @@ class PolicyWiring:
         # camera -> (width, height) of its first good frame: a frame declaring another size is refused
         # before it is decoded (a decode bomb), until the node restarts (a lifecycle node: re-activates)
         self._frame_sizes: dict[str, tuple[int, int]] = {}
-        self._compressed = {name for name, transport in zip(
-            self._settings.camera_names, self._settings.camera_transports)
-            if transport == 'compressed'}
+        cameras = zip(self._settings.camera_names, self._settings.camera_transports)
+        self._compressed = {name for name, transport in cameras if transport == 'compressed'}
         self._reported_unknown: set[str] = set()
         self._other_publishers: tuple[int, ...] = ()
 
@@ -346,21 +365,8 @@ class PolicyWiring:
 
     def status(self) -> diagnostics.NodeStatus:
         """Take a consistent snapshot of the loop's and the policy's counters and health."""
-        policy = self._worker.stats
-        loop = self._loop.status(self._now(), self._settings.diagnostics_period)
-        device = 'remote' if self._policy is None else str(self._policy.device)
-        return diagnostics.NodeStatus(
-            state=loop.state, level=loop.level, model=self._model_description(policy.get('server')),
-            device=device, counters={**policy['counters'], **loop.counters, **self._outputs.counters},
-            latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
-            max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
-
-    def _model_description(self, server: str | None = None) -> str:
-        if self._policy is None:
-            return f"policy of the server {server or ' or '.join(self._settings.remote_servers)}"
-        if self._settings.checkpoint:
-            return f'{self._policy.family} from {self._settings.checkpoint}'
-        return f'{self._policy.family} model with RANDOM weights (no checkpoint)'
+        return node_status(self._settings, self._policy, self._worker.stats,
+                           self._loop.status(self._now(), self._settings.diagnostics_period), self._outputs.counters)
 
     # ------------------------------------------------------------------ shutdown
     @property
@@ -413,7 +419,7 @@ class VlaPolicyNode(PolicyWiring, Node):
         self._load()
         self._wire()
         self._worker.start()
-        self.get_logger().info(f'ready: {self._model_description()}')
+        self.get_logger().info(f'ready: {model_description(self._settings, self._policy)}')
 
 
 def _ros_arguments(node_options: dict[str, Any]) -> list[str]:

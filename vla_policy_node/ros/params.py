@@ -33,6 +33,7 @@ from vla_policy_node.ros.param_specs import (  # noqa: F401 (re-exported: the na
     _type_name, all_specs, CAMERA_TRANSPORTS, command_group_specs, DTYPES, INFERENCE, ParameterError, PARAMETERS,
     ParamSpec, ROS_NODE_PARAMETERS, SPECS)
 from vla_policy_node.ros.params_file import check_override_sources, read_params_file  # noqa: F401 (re-exported)
+from vla_policy_node.runtime.devices import DEVICES, is_device_name
 from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key
 
 
@@ -95,11 +96,8 @@ class NodeSettings(PolicySettings):
 
 
 def _check_device(device: str) -> None:
-    if device in ('auto', 'cpu', 'cuda'):
-        return
-    if device.startswith('cuda:') and device[5:].isdigit():
-        return
-    raise ParameterError(f"parameter 'device' = '{device}' must be auto, cpu, cuda or cuda:N")
+    if not is_device_name(device):
+        raise ParameterError(f"parameter 'device' = '{device}' must be {DEVICES}")
 
 
 def _check_topic(key: str, topic: str) -> None:

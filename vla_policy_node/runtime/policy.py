@@ -18,33 +18,34 @@ from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.model.preprocessing import Preprocessor, stack_observations
 from vla_policy_node.model.relative_actions import RelativeActions
 from vla_policy_node.model.rtc import batch_rtc_guide, rtc_guided_velocity
+from vla_policy_node.runtime.devices import DEVICES, DTYPES, is_device_name
 from vla_policy_node.runtime.engine import PolicyRuntime
 from vla_policy_node.runtime.shape_buckets import prompt_buckets
 from vla_policy_node.runtime.warmup import warm_up
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def resolve_device(name: str | torch.device) -> tuple[torch.device, Optional[str]]:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> device, plus a message when falling back to the CPU (a device: itself)."""
+    """One of DEVICES -> device, plus a message when falling back to the CPU (a device: itself)."""
     if isinstance(name, torch.device):
         return name, None
+    if not is_device_name(name):
+        raise ValueError(f"device must be {DEVICES}, got {name!r}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu"), None
     if name == "cpu":
         return torch.device("cpu"), None
-    if name == "cuda" or name.startswith("cuda:"):
-        index = int(name.split(":", 1)[1]) if ":" in name else 0
-        if torch.cuda.is_available() and index < torch.cuda.device_count():
-            return torch.device(name), None
-        return torch.device("cpu"), f"device {name!r} is not available (no CUDA GPU); running on the CPU"
-    raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    index = int(name.split(":", 1)[1]) if ":" in name else 0
+    if torch.cuda.is_available() and index < torch.cuda.device_count():
+        return torch.device(name), None
+    return torch.device("cpu"), f"device {name!r} is not available (no CUDA GPU); running on the CPU"
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
+    if name not in TORCH_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+    return TORCH_DTYPES[name]
 
 
 @contextlib.contextmanager

@@ -83,7 +83,13 @@ class _Pending:
 
 
 class RemoteInference:
-    """Sends chunk requests to the live server of a pool and turns answers (or their absence) into results."""
+    """
+    Sends chunk requests to the live server of a pool and turns answers (or their absence) into results.
+
+    Long on purpose: the loop's ``Inference`` contract, the two callbacks (heartbeats, answers) and the
+    deadline thread share one condition and one pending request; split, a reader could no longer follow
+    a request from its sending to its answer, its timeout or its server's loss in one place.
+    """
 
     def __init__(self, node: Node, servers: Sequence[str], joints: Sequence[str], clock: Callable[[], float],
                  deadline: float, log: Callable[[str], None], server_timeout: float = 0.5,

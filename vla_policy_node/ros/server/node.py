@@ -51,7 +51,7 @@ from rclpy.node import Node
 from vla_policy_node.server.batching import BatchConfig, BatchServer, MIB, ServedChunk, ServedRequest
 from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key, request_digest
 from vla_policy_node.server.sessions import SessionTable
-from vla_policy_node.control.inference import FAULT_RAISED
+from vla_policy_node.control.inference import FAULT_RAISED, POLICY_STAGES
 from vla_policy_node.runtime.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
 from vla_policy_node.ros.params import (check_random_weights, ParameterError, ParamSpec, policy_settings_fields,
@@ -265,7 +265,7 @@ class PolicyServerNode(Node):
                   'max_batch_size': stats['max_batch_size'],
                   'queue_wait_mean_ms': f"{stats['queue_wait'][0] * 1e3:.2f}",
                   'queue_wait_p95_ms': f"{stats['queue_wait'][1] * 1e3:.2f}"}
-        for stage in ('prefix', 'denoise', 'total'):
+        for stage in POLICY_STAGES:
             p50, p95 = policy.latency(stage)
             values[f'batch_{stage}_latency_p50_ms'] = f'{p50 * 1e3:.2f}'
             values[f'batch_{stage}_latency_p95_ms'] = f'{p95 * 1e3:.2f}'
