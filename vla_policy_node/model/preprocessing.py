@@ -58,8 +58,8 @@ def camera_key(name: str) -> str:
     return name if name.startswith(IMAGE_PREFIX) else IMAGE_PREFIX + name
 
 
-def newline_prompt(task: str, state: np.ndarray) -> str:
-    """Build the SmolVLA prompt: the task, ending in a newline."""
+def newline_prompt(task: str, state: Optional[np.ndarray]) -> str:
+    """Build the SmolVLA and pi0 prompt: the task, ending in a newline (LeRobot's new-line step); no state."""
     return task if task.endswith("\n") else task + "\n"
 
 
