@@ -47,9 +47,11 @@ def test_buffer_refuses_late_and_reordered_frames_and_recovers():
 
 
 def peek(scheduler: ChunkScheduler, n: int = 0) -> np.ndarray:
-    """The planned actions (K, A) of the next steps, as ``next_action`` would return them; K is 0 when none."""
+    """Return the planned actions (K, A) of the next steps, as ``next_action`` would; K is 0 when none."""
     plan = scheduler._planned(n)
-    return plan.actions if plan is not None else np.zeros((0, scheduler._chunks[0][1].shape[1] if scheduler._chunks else 0))
+    if plan is not None:
+        return plan.actions
+    return np.zeros((0, scheduler._chunks[0][1].shape[1] if scheduler._chunks else 0))
 
 
 def test_peek_is_read_only_and_matches_the_actions_taken_next():

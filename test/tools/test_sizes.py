@@ -56,7 +56,7 @@ def test_no_class_over_300_lines_without_its_reason():
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports (``from pkg.room import x``: module ``x`` if it is one)."""
+    """Map each module to the package modules it imports (``from pkg.room import x``: module ``x`` if it is one)."""
     modules = {module_name(p): p for p in package_files()}
     graph = {}
     for name, path in modules.items():

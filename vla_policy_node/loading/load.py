@@ -170,7 +170,7 @@ TOKENIZER_SOURCE = "policy_preprocessor.json tokenizer_processor"
 
 
 def _read_openpi(folder: Path, config: dict, tiny: Optional[dict]) -> PiCheckpoint:
-    """openpi's layout: its converter's config.json and ``assets/<id>/norm_stats.json``."""
+    """Read openpi's layout: its converter's config.json and ``assets/<id>/norm_stats.json``."""
     openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
     is_pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
     state_norm, action_norm = openpi.openpi_normalizers(folder, is_pi05)
@@ -184,7 +184,7 @@ def _read_openpi(folder: Path, config: dict, tiny: Optional[dict]) -> PiCheckpoi
 
 
 def _read_lerobot(folder: Path, config: dict, lerobot_version: Optional[str]) -> PiCheckpoint:
-    """LeRobot's layout: config.json, the saved pre/post-processors and their statistics."""
+    """Read LeRobot's layout: config.json, the saved pre/post-processors and their statistics."""
     state_norm, action_norm = ckpt.lerobot_normalizers(folder)
     tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
     tok_name = _tokenizer_name(tok_cfg)

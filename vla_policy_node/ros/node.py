@@ -90,7 +90,7 @@ def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig
 
 def node_status(settings: NodeSettings, policy: Any, worker_stats: dict[str, Any], loop: LoopStatus,
                 output_counters: dict[str, int]) -> diagnostics.NodeStatus:
-    """The node's status from its parts: the policy (None: a server's), its worker's stats, the loop's status."""
+    """Build the node's status from its parts: the policy (None: a server's), its worker's stats, the loop's."""
     device = 'remote' if policy is None else str(policy.device)
     return diagnostics.NodeStatus(
         state=loop.state, level=loop.level, model=model_description(settings, policy, worker_stats.get('server')),

@@ -91,7 +91,7 @@ class NodeSettings(PolicySettings):
 
     @property
     def guided(self) -> bool:
-        """Chunks after an episode's first are guided (RTC): they run eager."""
+        """Tell whether chunks after an episode's first follow real-time chunking guidance (eager code)."""
         return self.scheduler.blend == 'rtc'
 
 
@@ -164,7 +164,7 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
 
 
 def policy_settings_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`PolicySettings` fields from parameter values: the node and the server build them here."""
+    """Return the :class:`PolicySettings` fields from parameter values: the node and the server build them here."""
     return dict(
         checkpoint=values['checkpoint'],
         allow_random_weights=values['allow_random_weights'],
@@ -324,7 +324,7 @@ def _command_groups(values: Mapping[str, Any]) -> tuple[CommandGroup, ...]:
 
 
 def _scheduler(values: Mapping[str, Any]) -> SchedulerConfig:
-    """The chunking.* values as the scheduler's config; horizon 1 stands for 0 (the policy's) until it is known."""
+    """Return the chunking.* values as the scheduler's config; horizon 1 stands for 0 (the policy's) until known."""
     return SchedulerConfig(
         control_rate_hz=values['control_rate_hz'], horizon=values['chunking.horizon'] or 1,
         refill_threshold=values['chunking.refill_threshold'], blend=values['chunking.blend'],
@@ -334,7 +334,7 @@ def _scheduler(values: Mapping[str, Any]) -> SchedulerConfig:
 
 
 def _motion_limits(values: Mapping[str, Any]) -> MotionLimits:
-    """The joint limits; max_tracking_error one value >= 0 per joint or one for all (0: not checked)."""
+    """Return the joint limits; max_tracking_error one value >= 0 per joint or one for all (0: not checked)."""
     joints = len(values['joint_names'])
     tracking = values['limits.max_tracking_error']
     if tracking is not None and (len(tracking) not in (1, joints) or not all(v >= 0.0 for v in tracking)):

@@ -100,7 +100,7 @@ def _build(settings: PolicySettings, torch_device: torch.device) -> Any:
 
 
 def _check_fits(policy: Any, settings: PolicySettings, horizon: int, warn: Callable[[str], None]) -> None:
-    """The configured cameras are the policy's inputs, the joints its state and action, the horizon in a chunk."""
+    """Check the configured cameras are the policy's inputs, the joints its state and action, the horizon fits."""
     cameras = feature_names(settings.camera_names)
     joints = len(settings.joint_names)
     masked = sorted(set(policy.camera_names) - set(cameras))
