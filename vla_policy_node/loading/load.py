@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vla_policy_node.loading import checkpoint as ckpt
-from vla_policy_node.model.blocks import DecoderSpec
+from vla_policy_node.model.blocks import DecoderSpec, fuse_projections, pack_linears
 from vla_policy_node.loading import generation as generations
 from vla_policy_node.loading import processors
 from vla_policy_node.loading import sizes
@@ -98,10 +98,9 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
         tokenizer=tokenizer, prompt=newline_prompt if steps.newline else _task_prompt,
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
         padding_side=_padding_side(tok_cfg, source), camera_renames=steps.camera_renames,
-        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
-    return Policy(SMOLVLA.name, cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights, relative_actions=steps.relative,
-                  provenance=generation.describe())
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim, device=device)
+    return Policy(SMOLVLA.name, ready_model(model, device, dtype, pack_weights), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed, relative_actions=steps.relative, provenance=generation.describe())
 
 
 def _task_prompt(task: str, state: np.ndarray) -> str:
@@ -236,10 +235,22 @@ def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, ba
         padding_side=_padding_side(read.tokenizer, TOKENIZER_SOURCE),
         camera_renames={} if steps is None else steps.camera_renames,
         state_normalizer=read.state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
-        state_in_prefix=not family.state_in_prompt, empty_cameras=cfg.empty_cameras)
-    return Policy(family.name, cast_model(model, device, dtype), pre, read.action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights,
+        state_in_prefix=not family.state_in_prompt, empty_cameras=cfg.empty_cameras, device=device)
+    return Policy(family.name, ready_model(model, device, dtype, pack_weights), pre, read.action_norm,
+                  cfg.action_dim, cfg.num_steps, device, seed,
                   relative_actions=None if steps is None else steps.relative, provenance=read.provenance)
+
+
+def ready_model(model: nn.Module, device: torch.device, dtype: torch.dtype, pack_weights: bool) -> nn.Module:
+    """
+    Make a built model final before a Policy wraps it: cast, q/k/v and gate/up matmuls fused, CPU weights packed.
+
+    ``pack_weights`` adds oneDNN-packed copies of the CPU weights (faster matmuls, nearly their size again).
+    """
+    model = fuse_projections(cast_model(model, device, dtype))
+    if pack_weights:
+        pack_linears(model)
+    return model
 
 
 def _check_sizes(folder: Path, cfg: Any, cameras: int, device: torch.device, pack_weights: bool) -> None:
@@ -319,15 +330,15 @@ def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int =
     model = smolvla.SmolVLA(cfg, attention_backend)
     init_weights(model, torch.Generator().manual_seed(seed))
     identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
         tokenizer=ByteTokenizer(), max_length=cfg.tokenizer_max_length, padding=cfg.pad_language_to,
         prompt=newline_prompt, state_normalizer=Normalizer("MEAN_STD", identity),
-        state_dim=state_dim, max_state_dim=cfg.max_state_dim)
+        state_dim=state_dim, max_state_dim=cfg.max_state_dim, device=torch_device)
     action_norm = Normalizer("MEAN_STD", {"mean": np.zeros(action_dim, np.float32),
                                           "std": np.ones(action_dim, np.float32)})
-    torch_device, note = resolve_device(device)
-    if note:
-        log.warning(note)
-    return Policy("tiny", cast_model(model, torch_device, resolve_dtype(dtype)), pre, action_norm, action_dim,
+    return Policy("tiny", ready_model(model, torch_device, resolve_dtype(dtype), True), pre, action_norm, action_dim,
                   num_steps, torch_device, seed)

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from vla_policy_node.model.blocks import fuse_projections, pack_linears
 from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.model.flow import VelocityFn
 from vla_policy_node.model.normalization import Normalizer
@@ -67,16 +66,17 @@ class Policy:
 
     def __init__(self, family: str, model: nn.Module, preprocessor: Preprocessor, action_normalizer: Normalizer,
                  action_dim: int, num_steps: int, device: torch.device, seed: int = 0,
-                 pack_weights: bool = True, relative_actions: Optional[RelativeActions] = None,
-                 provenance: str = "") -> None:
+                 relative_actions: Optional[RelativeActions] = None, provenance: str = "") -> None:
+        """
+        Wrap a final model (``loading.load.ready_model``: cast, fused, packed) and its preprocessor.
+
+        The preprocessor converts frames on ``device`` (they go up as uint8, resized where the model runs).
+        """
         self.family = family
         self.relative_actions = relative_actions             # None: the model predicts absolute actions
         self.provenance = provenance                         # which framework release wrote the checkpoint, and why
-        self.model = fuse_projections(model)                 # fewer matmuls; the weights are final here
-        if pack_weights:                                     # faster CPU matmuls, for a second copy of the weights
-            pack_linears(self.model)
+        self.model = model
         self.preprocessor = preprocessor
-        preprocessor.device = device                         # frames go up as uint8, resized where the model runs
         self.action_normalizer = action_normalizer
         self.action_dim = action_dim
         self.device = device
