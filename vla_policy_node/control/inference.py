@@ -62,8 +62,43 @@ class Inference(Protocol):
     def request_reset(self) -> None: ...
 
 
-class InferenceWorker:
-    """One background thread, one job at a time; each result goes to ``on_result``."""
+class WorkerThread:
+    """
+    The liveness and stop of a background thread woken through ``_condition`` and ended by ``_stopping``.
+
+    Shared by the inference worker, the batch server and the remote client's watcher.
+    """
+
+    _thread: threading.Thread
+    _condition: threading.Condition
+    _stopping: bool
+
+    @property
+    def alive(self) -> bool:
+        """Tell whether the thread is running (it only ends when stopped, or on a bug)."""
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the thread to finish and wait at most ``timeout`` s; True if it has finished."""
+        with self._condition:
+            self._stopping = True
+            self._on_stop()
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _on_stop(self) -> None:
+        """Drop what must not be delivered after the stop (the condition held)."""
+
+
+class InferenceWorker(WorkerThread):
+    """
+    One background thread, one job at a time; each result goes to ``on_result``.
+
+    A step already running when it is stopped cannot be interrupted; it finishes on its own, and the
+    thread then lets go of the policy, so a worker outliving its step holds no model.
+    """
 
     def __init__(self, policy: Any, on_result: Callable[[InferenceResult], None] | None,
                  clock: Callable[[], float], deadline: float) -> None:
@@ -88,11 +123,6 @@ class InferenceWorker:
         if self._on_result is None:
             raise RuntimeError('bind a result receiver before starting the inference thread')
         self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        """Tell whether the inference thread is running (it only ends when stopped, or on a bug)."""
-        return self._thread.is_alive()
 
     @property
     def busy(self) -> bool:
@@ -137,20 +167,6 @@ class InferenceWorker:
         with self._condition:
             self._reset_pending = True
             self._condition.notify()
-
-    def stop(self, timeout: float) -> bool:
-        """
-        Ask the thread to finish and wait at most ``timeout`` s; True if it has finished.
-
-        A step already running cannot be interrupted; it finishes on its own, and the thread
-        then lets go of the policy, so a worker outliving its step holds no model.
-        """
-        with self._condition:
-            self._stopping = True
-            self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:

@@ -56,7 +56,7 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 
 from vla_policy_node.control.chunking import ChunkRequest
-from vla_policy_node.control.inference import FAULT_LATE, InferenceResult
+from vla_policy_node.control.inference import FAULT_LATE, InferenceResult, WorkerThread
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, ChunkAnswer, CHUNKS_TOPIC, decode_chunk,
                                                  decode_heartbeat, encode_request, HEARTBEAT_TOPIC, ProtocolError,
@@ -82,7 +82,7 @@ class _Pending:
     digest: bytes = b''     # of the request's bytes on the wire
 
 
-class RemoteInference:
+class RemoteInference(WorkerThread):
     """
     Sends chunk requests to the live server of a pool and turns answers (or their absence) into results.
 
@@ -229,20 +229,9 @@ class RemoteInference:
             raise RuntimeError('bind a result receiver before starting remote inference')
         self._thread.start()
 
-    @property
-    def alive(self) -> bool:
-        """Tell whether the watcher runs."""
-        return self._thread.is_alive()
-
-    def stop(self, timeout: float) -> bool:
-        """Stop watching; an answer arriving later is dropped. True when the watcher ended."""
-        with self._condition:
-            self._stopping = True
-            self._pending, self._unsent = None, None
-            self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
+    def _on_stop(self) -> None:
+        """Forget the request in flight: an answer arriving after the stop is dropped."""
+        self._pending, self._unsent = None, None
 
     @property
     def deadline(self) -> float:
