@@ -52,10 +52,11 @@ TRIM_BYTES = 64 * MIB       # after a batch this large, free heap memory goes ba
 @dataclass(frozen=True)
 class ServedRequest:
     """
-    One robot's request, as the server received it.
+    One robot's request, as the server received it (and as the wire protocol decodes it).
 
     client: who queues it (one request per client waits: a newer one replaces it); reply_to:
-    what its answer must carry back (returned as it came, never interpreted here). observation:
+    what its answer must carry back (returned as it came, never interpreted here; on the wire
+    a ``ros.server.protocol.Reply``: the key, digest, joints and horizon). observation:
     images {camera: (H, W, 3) uint8}, state (D,), task. deadline: seconds its robot waits for
     the answer (None: no bound here). received_at: the server's clock on arrival and nbytes:
     the memory it holds (both set by ``submit``).
@@ -74,6 +75,8 @@ class ServedRequest:
 class ServedChunk:
     """
     The answer to one request: chunk (T, A) float32, or None with ``fault`` and ``error``.
+
+    Decoded from the wire (float64), its request carries only its ``reply_to``.
 
     queue_wait: seconds from arrival to the start of its batch; compute: seconds of the
     batch's policy call; batch_size: requests in that pass.

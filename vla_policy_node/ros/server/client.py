@@ -58,10 +58,11 @@ from rclpy.publisher import Publisher
 from vla_policy_node.control.chunking import ChunkRequest
 from vla_policy_node.control.inference import FAULT_LATE, InferenceResult, WorkerThread
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
-from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, ChunkAnswer, CHUNKS_TOPIC, decode_chunk,
+from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_chunk,
                                                  decode_heartbeat, encode_request, HEARTBEAT_TOPIC, ProtocolError,
                                                  REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, seal, topic)
 from vla_policy_node.ros.server.senders import SENDER_KNOWN, ServerSenders, subscribe
+from vla_policy_node.server.batching import ServedChunk
 from vla_policy_node.server.fleet_key import request_digest
 from vla_policy_node.server.pool import rendezvous, ServerPool
 
@@ -316,19 +317,20 @@ class RemoteInference(WorkerThread):
             return
         try:
             answer = decode_chunk(msg, self._fleet_key)
-            if answer.key.robot == self._robot:
+            reply = answer.request.reply_to
+            if reply.key.robot == self._robot:
                 self._check_shape(answer)
         except ProtocolError as error:
             with self._condition:
                 self._counters['remote_bad_answers'] += 1
             self._warn('bad answer', f'malformed answer from the policy server {server}: {error}')
             return
-        if answer.key.robot != self._robot:
+        if reply.key.robot != self._robot:
             return
         with self._condition:
             pending = self._pending
-            if (pending is None or pending.key != answer.key or pending.server != server
-                    or pending.digest != answer.digest or self._unsent is not None):
+            if (pending is None or pending.key != reply.key or pending.server != server
+                    or pending.digest != reply.digest or self._unsent is not None):
                 self._counters['remote_late_answers'] += 1
                 return
             self._pending = None
@@ -347,7 +349,7 @@ class RemoteInference(WorkerThread):
             error=f'policy server {server}: {answer.error}' if answer.fault else '',
             duration=round_trip, finished_at=self._clock()))
 
-    def _check_shape(self, answer: ChunkAnswer) -> None:
+    def _check_shape(self, answer: ServedChunk) -> None:
         """Refuse a chunk other than the ``horizon`` x joints asked for (a huge one is never taken)."""
         if answer.chunk is not None and answer.chunk.shape != (self._horizon, len(self._joints)):
             raise ProtocolError(f'the chunk must be {self._horizon} steps x {len(self._joints)} actions '

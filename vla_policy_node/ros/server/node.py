@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import os
 import secrets
 import tempfile
@@ -61,8 +61,7 @@ from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_request, decode_request_key,
                                                  encode_chunk, encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError,
-                                                 REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, seal, SignatureError,
-                                                 WireRequest)
+                                                 Reply, REQUEST_TYPE, REQUESTS_TOPIC, seal, SignatureError)
 from vla_policy_node.ros.server.senders import subscribe
 
 NODE_NAME = 'vla_policy_server'
@@ -129,15 +128,6 @@ def declare_server_parameters(node: Node) -> ServerSettings:
         fleet_key=fleet_key)
 
 
-@dataclass(frozen=True)
-class _Reply:
-    """What an answer must carry back: the request's key and digest, and the steps it asked for."""
-
-    key: RequestKey
-    digest: bytes
-    horizon: int
-
-
 class PolicyServerNode(Node):
     """Decodes requests, batches them through one policy, publishes every answer."""
 
@@ -190,7 +180,7 @@ class PolicyServerNode(Node):
         except ProtocolError as error:
             self._refuse(msg, None, f'malformed request: {error}', digest, sender)
             return
-        key = request.key
+        key = request.reply_to.key
         if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
             self._foreign_requests += 1
             self.get_logger().warning(
@@ -203,24 +193,24 @@ class PolicyServerNode(Node):
             return
         # One request waits per publisher: another's requests under this robot's name never replace its own.
         client = sender.hex() if sender else f'{key.robot}\0{key.session}'
-        self._server.submit(ServedRequest(client, _Reply(key, digest, request.horizon), request.observation,
-                                          request.rtc, request.deadline))
+        self._server.submit(replace(request, client=client, reply_to=replace(request.reply_to, digest=digest)))
 
-    def _mismatch(self, request: WireRequest) -> str | None:
+    def _mismatch(self, request: ServedRequest) -> str | None:
         """Why this server must not serve the request's robot, or None."""
         settings = self._settings
-        if request.joints != settings.joint_names:
-            return (f'the robot sends joints {list(request.joints)} but the server serves '
+        joints, key = request.reply_to.joints, request.reply_to.key
+        if joints != settings.joint_names:
+            return (f'the robot sends joints {list(joints)} but the server serves '
                     f'joint_names {list(settings.joint_names)} (same names, same order)')
         unknown = sorted(set(request.observation['images']) - set(settings.camera_names))
         if unknown:
             return f'cameras {unknown} are not in the server\'s camera_names {list(settings.camera_names)}'
         missing = sorted(set(settings.camera_names) - set(request.observation['images']))
-        if missing and self._sessions.note_once(request.key.robot, request.key.session):
-            self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
+        if missing and self._sessions.note_once(key.robot, key.session):
+            self.get_logger().warning(f'{key.robot} sends no {missing}: served with them masked')
         return None
 
-    def _refuse(self, msg: bytes, request: WireRequest | None, problem: str, digest: bytes,
+    def _refuse(self, msg: bytes, request: ServedRequest | None, problem: str, digest: bytes,
                 sender: bytes | None) -> None:
         """
         Count and log a refused request; answer it with the reason where its key can be read.
@@ -230,12 +220,12 @@ class PolicyServerNode(Node):
         self._bad_requests += 1
         self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)
         try:
-            key = request.key if request is not None else decode_request_key(msg)
+            key = request.reply_to.key if request is not None else decode_request_key(msg)
         except ProtocolError:
             return              # not even a key: nobody to answer
         if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
             return
-        self._publish_answer(_Reply(key, digest, 0), None, FAULT_RAISED, f'request refused: {problem}')
+        self._publish_answer(Reply(key, digest), None, FAULT_RAISED, f'request refused: {problem}')
 
     def _answer(self, served: ServedChunk) -> None:
         reply, chunk, fault, error = served.request.reply_to, served.chunk, served.fault, served.error
@@ -245,7 +235,7 @@ class PolicyServerNode(Node):
         self._publish_answer(reply, None if chunk is None else chunk[:reply.horizon], fault, error,
                              served.queue_wait, served.compute, served.batch_size)
 
-    def _publish_answer(self, reply: _Reply, chunk: np.ndarray | None, fault: str | None, error: str,
+    def _publish_answer(self, reply: Reply, chunk: np.ndarray | None, fault: str | None, error: str,
                         queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> None:
         self._chunks.publish(seal(encode_chunk(reply.key, reply.digest, chunk, fault, error, queue_wait, compute,
                                                batch_size), self._settings.fleet_key))
