@@ -92,7 +92,25 @@ class WorkerThread:
         """Drop what must not be delivered after the stop (the condition held)."""
 
 
-class InferenceWorker(WorkerThread):
+class DeadlineWorker(WorkerThread):
+    """A worker thread whose results have a deadline, which the loop may change while it runs."""
+
+    _deadline: float
+
+    @property
+    def deadline(self) -> float:
+        """Return the seconds a result may take before it is discarded (and the loop holds)."""
+        with self._condition:
+            return self._deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        with self._condition:
+            self._deadline = seconds
+            self._condition.notify()        # a thread timing a wait by the deadline re-times it
+
+
+class InferenceWorker(DeadlineWorker):
     """
     One background thread, one job at a time; each result goes to ``on_result``.
 
@@ -129,17 +147,6 @@ class InferenceWorker(WorkerThread):
         """Tell whether a job is queued or running."""
         with self._condition:
             return self._busy
-
-    @property
-    def deadline(self) -> float:
-        """Return the seconds a step may take before its chunk is discarded."""
-        with self._condition:
-            return self._deadline
-
-    @deadline.setter
-    def deadline(self, seconds: float) -> None:
-        with self._condition:
-            self._deadline = seconds
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 
 from vla_policy_node.control.chunking import ChunkRequest
-from vla_policy_node.control.inference import FAULT_LATE, InferenceResult, WorkerThread
+from vla_policy_node.control.inference import DeadlineWorker, FAULT_LATE, InferenceResult
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_chunk,
                                                  decode_heartbeat, encode_request, HEARTBEAT_TOPIC, ProtocolError,
@@ -83,7 +83,7 @@ class _Pending:
     digest: bytes = b''     # of the request's bytes on the wire
 
 
-class RemoteInference(WorkerThread):
+class RemoteInference(DeadlineWorker):
     """
     Sends chunk requests to the live server of a pool and turns answers (or their absence) into results.
 
@@ -233,18 +233,6 @@ class RemoteInference(WorkerThread):
     def _on_stop(self) -> None:
         """Forget the request in flight: an answer arriving after the stop is dropped."""
         self._pending, self._unsent = None, None
-
-    @property
-    def deadline(self) -> float:
-        """Return the seconds an answer may take before the loop holds."""
-        with self._condition:
-            return self._deadline
-
-    @deadline.setter
-    def deadline(self, seconds: float) -> None:
-        with self._condition:
-            self._deadline = seconds
-            self._condition.notify()
 
     @property
     def stats(self) -> dict[str, Any]:
