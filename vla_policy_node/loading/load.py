@@ -212,10 +212,9 @@ def _tokenizer_name(tok_cfg: dict) -> str:
 def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
         pack_weights: bool, lerobot_version: Optional[str] = None) -> Policy:
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
-    # LeRobot names pi0/pi0.5 sizes (gemma_2b, gemma_300m) without giving them: small test checkpoints
-    # (the LeRobot fixtures, the bench's) carry their real sizes in ``tiny_dims.json`` beside config.json.
-    tiny_path = ckpt.inside(folder, "tiny_dims.json")
-    tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
+    tiny = ckpt.tiny_sizes(folder)      # a test checkpoint's sizes (see tiny_sizes)
+    if tiny is not None:
+        log.info("%s: sized by its %s (a test checkpoint)", folder, ckpt.TINY_SIZES)
     read = (_read_openpi(folder, config, tiny) if openpi.is_openpi_config(config)
             else _read_lerobot(folder, config, lerobot_version))
     config = read.config
