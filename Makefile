@@ -137,7 +137,7 @@ demo: install
 	kill -TERM $$node; wait $$node; exit $$status
 
 # Retrain the shipped SO-101 policy from scripted demonstrations in LeRobot's SO-101 units, seeded:
-# vla-policy-train's defaults, 1,200 expert episodes, 10,000 steps of batch 64 over two
+# vla-policy-train's defaults, 1,200 expert episodes, 6,000 steps of batch 64 over two
 # data-parallel workers of one core each (BENCHMARKS.md "Task success" has the time). The planar
 # test arm's policy: vla-policy-train --robot planar --episodes 3000 --output vla_policy_node/sim/planar/touch_policy
 train: install

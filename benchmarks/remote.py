@@ -100,10 +100,10 @@ def serve(robot_counts: list[int], seconds: float, threads: int, frame: tuple[in
     def on_answer(msg) -> None:
         answer = decode_chunk(msg)
         arrived = time.perf_counter()
-        robot = int(answer.key.robot[len('/robot'):])
+        robot = int(answer.request.reply_to.key.robot[len('/robot'):])
         with lock:
             request_id, sent = state['sent'].get(robot, (None, 0.0))
-            if request_id != answer.key.request_id or robot >= state['robots']:
+            if request_id != answer.request.reply_to.key.request_id or robot >= state['robots']:
                 return
             if answer.fault is None:
                 state['latencies'].append(arrived - sent)

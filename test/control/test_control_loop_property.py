@@ -115,7 +115,7 @@ class Checker:
         if hold and walking:
             # A protective stop, or an operator's restart: each hold steps the setpoint toward where the
             # joints were found (inside the limits), never the whole way at once.
-            target = np.clip(self.loop._yield_target, limits.lower, limits.upper)
+            target = np.clip(self.loop._state.yield_target, limits.lower, limits.upper)
             assert np.all(np.abs(points - target) <= np.abs(reference - target) + 1e-9), (points, reference, target)
             if self.walking and not self.stopped:
                 assert self.now - self.sent_at >= (1 - EARLY_TICK) * DT - 1e-9, \

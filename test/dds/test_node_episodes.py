@@ -83,7 +83,7 @@ def test_reset_during_inference_never_executes_the_old_chunk(running):
                                   Parameter('max_observation_age', value=0.45)])
     assert all(r.successful for r in result)
     assert wait_until(lambda: all(f.done() for f in futures), 5.0)
-    assert node._loop.last_published is not None, 'the step limit survives the reset'
+    assert node._loop._state.sent is not None, 'the step limit survives the reset'
     policy.release.set()
     assert wait_until(lambda: any(0.03 in v for v in probe.point_values()), 10.0)
     values = set().union(*probe.point_values())

@@ -102,13 +102,13 @@ class RobotsProbe:
 
     def _on_answer(self, msg) -> None:
         answer = decode_chunk(msg)
-        if answer.key.robot == '/probe':
+        if answer.request.reply_to.key.robot == '/probe':
             with self._lock:
                 self.answers.append(answer)
 
     def answer(self, request_id: int):
         with self._lock:
-            return next((a for a in self.answers if a.key.request_id == request_id), None)
+            return next((a for a in self.answers if a.request.reply_to.key.request_id == request_id), None)
 
     def _on_diagnostics(self, msg) -> None:
         for name, values in diagnostics_to_dict(msg).items():

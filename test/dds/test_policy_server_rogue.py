@@ -90,7 +90,8 @@ class Rogue:
     def _on_answer(self, raw: bytes) -> None:
         answer = decode_chunk(raw)
         with self._lock:
-            self.answers.append((answer.key.robot, answer.key.session, answer.fault, answer.error))
+            key = answer.request.reply_to.key
+            self.answers.append((key.robot, key.session, answer.fault, answer.error))
 
     def _on_diagnostics(self, msg) -> None:
         for name, values in diagnostics_to_dict(msg).items():

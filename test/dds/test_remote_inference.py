@@ -82,7 +82,8 @@ def reply(request, digest: bytes, chunk: np.ndarray | None = None, fault: str | 
           key: RequestKey | None = None, fleet_key: bytes | None = None) -> bytes:
     """Return the answer to a request (the policy's: the robot's state, HORIZON times) as it goes on the wire."""
     chunk = np.zeros((HORIZON, len(JOINTS))) + STATE if chunk is None and fault is None else chunk
-    return seal(encode_chunk(key or request.key, digest, chunk, fault, 'scripted' if fault else '', 0.001, 0.01, 1),
+    key = key or request.reply_to.key
+    return seal(encode_chunk(key, digest, chunk, fault, 'scripted' if fault else '', 0.001, 0.01, 1),
                 fleet_key)
 
 
@@ -164,9 +165,10 @@ def test_request_carries_the_observation_and_the_answer_is_executed(link):
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
     request = server.requests[0]
-    key, observation, obs_time = request.key, request.observation, request.key.obs_time
-    assert (key.robot, key.request_id, key.episode, request.rtc, request.joints) == ('/arm1/robot', 0, 0, None, JOINTS)
-    assert request.horizon == HORIZON, 'the robot asks for the steps it executes'
+    key, observation, obs_time = request.reply_to.key, request.observation, request.reply_to.key.obs_time
+    joints = request.reply_to.joints
+    assert (key.robot, key.request_id, key.episode, request.rtc, joints) == ('/arm1/robot', 0, 0, None, JOINTS)
+    assert request.reply_to.horizon == HORIZON, 'the robot asks for the steps it executes'
     assert request.deadline == 2.0, 'the deadline travels with the request'
     assert len(key.session) == 16
     np.testing.assert_array_equal(observation['images']['front'], RGB)
@@ -185,7 +187,7 @@ def test_an_answer_for_an_old_episode_is_never_executed(link):
     assert robot.run_until(lambda: server.count() == 1, 5.0)
     robot.loop.reset_episode('test')
     assert robot.run_until(lambda: server.count() == 2, 5.0), 'the new episode asks at once'
-    assert server.requests[1].key.episode == 1
+    assert server.requests[1].reply_to.key.episode == 1
     server.answer(0, chunk=np.full((HORIZON, 3), 2.5))      # the old episode's answer, late
     assert robot.run_until(lambda: robot.counters()['remote_late_answers'] == 1, 5.0)
     server.answer(1)
@@ -199,7 +201,7 @@ def test_an_answer_for_an_old_episode_is_never_executed(link):
 def test_an_answer_for_an_old_observation_is_never_executed(link):
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
-    obs_time = server.requests[0].key.obs_time
+    obs_time = server.requests[0].reply_to.key.obs_time
     robot.run_until(lambda: time.monotonic() - obs_time > 0.45, 2.0)
     server.answer(0, chunk=np.full((HORIZON, 3), 2.5))      # 0.45 s old: max_observation_age 0.3
     assert robot.run_until(lambda: robot.counters()['policy_stale'] == 1, 5.0)
@@ -230,7 +232,7 @@ def test_an_answer_to_an_earlier_run_of_the_robot_is_never_executed(link):
     """Ids restart at 0 with every run: only the session (and the observation time) tell runs apart."""
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
-    key = server.requests[0].key
+    key = server.requests[0].reply_to.key
     earlier_run = RequestKey(key.robot, 'f' * 16, key.request_id, key.episode, key.obs_time)
     server.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=earlier_run)
     older_observation = RequestKey(key.robot, key.session, key.request_id, key.episode, key.obs_time - 1.0)
@@ -279,7 +281,7 @@ def test_a_malformed_answer_is_counted_and_never_executed(link):
     """A chunk with a NaN action, or bytes that are not an ActionChunk: refused by decode_chunk, never executed."""
     server, robot = link
     assert robot.run_until(lambda: server.count() == 1, 5.0)
-    key = server.requests[0].key
+    key = server.requests[0].reply_to.key
     poisoned = encode_chunk(key, server.digests[0], np.full((HORIZON, 3), 2.5), None, '', 0.001, 0.01, 1)
     poisoned.actions[5] = float('nan')
     server.publisher.publish(poisoned)
@@ -343,7 +345,7 @@ def test_a_robot_moves_to_the_second_server_and_never_executes_the_first_ones_la
     assert robot.run_until(lambda: other.count() == 1, 5.0), 'the robot asks the live server'
     assert robot.counters()['remote_server_switches'] == 1 and robot.remote.stats['server'] == other.name
     mine.answer(0, chunk=np.full((HORIZON, 3), 2.5))                           # late: its request failed
-    mine.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=other.requests[0].key)  # foreign: sent to the other
+    mine.answer(0, chunk=np.full((HORIZON, 3), 2.5), key=other.requests[0].reply_to.key)  # foreign: sent to the other
     assert robot.run_until(lambda: robot.counters()['remote_late_answers'] == 2, 5.0)
     assert robot.executed() == 0
     other.answer(0)

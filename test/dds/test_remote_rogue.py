@@ -226,7 +226,7 @@ def test_with_a_fleet_key_everything_unsigned_is_refused(fleet):
     own = fleet(('/',), fleet_key=FLEET_KEY)        # the server signs nothing (no key)
     server, robot = own.servers[0], own.robot
     assert robot.run_until(lambda: server.count() >= 2, 5.0), 'a server never heard from (unsigned beats) is asked'
-    assert decode_request(server.raws[-1], FLEET_KEY).key.robot == '/arm1/robot', 'requests are signed'
+    assert decode_request(server.raws[-1], FLEET_KEY).reply_to.key.robot == '/arm1/robot', 'requests are signed'
     assert robot.remote.stats['counters']['remote_servers_live'] == 0, 'an unsigned heartbeat made the server live'
     assert robot.run_until(lambda: 'no answer from the policy server' in (robot.loop.hold_reason or ''), 2.0)
     counters = robot.counters()

@@ -97,7 +97,7 @@ def test_a_folder_that_only_looks_like_a_snapshot_gets_no_exception(source, tmp_
 
 def test_uncached_hub_id_says_how_to_download(tmp_path, monkeypatch):
     monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path / 'empty'))
-    with pytest.raises(CheckpointError, match='huggingface-cli download lerobot/smolvla_base'):
+    with pytest.raises(CheckpointError, match='hf download lerobot/smolvla_base'):
         load_policy('lerobot/smolvla_base', device='cpu')
 
 

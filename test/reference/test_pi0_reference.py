@@ -17,7 +17,8 @@ from pi_reference_checks import check_matches_fixture, check_prefix_once_and_fro
 from vla_policy_node.model.attention import additive_mask, make_att_2d_masks
 from vla_policy_node.model.blocks import DecoderLayer
 from vla_policy_node.model.families.paligemma import GEMMA_VARIANTS, GemmaDims, PaliGemmaSpec, PiConfig, prepare_image
-from vla_policy_node.model.families.pi0 import Pi0, key_rules, pi0_prompt
+from vla_policy_node.model.families.pi0 import Pi0, key_rules
+from vla_policy_node.model.preprocessing import newline_prompt
 from vla_policy_node.model.precision import cast_model
 from vla_policy_node.model.prefix_cache import VLAPrefixCache
 from vla_policy_node.model.rope import rope_cos_sin
@@ -58,7 +59,7 @@ def test_preprocessing_matches_reference(reference_dir):
         from_raw = prepare_image(inp[f"raw.{cam}"].permute(0, 3, 1, 2).float() / 255.0, size)
         assert torch.equal(from_batch, inp[f"model_input.image.{i}"])
         assert torch.equal(from_raw, inp[f"model_input.image.{i}"])
-    assert [pi0_prompt(t) for t in json.loads(meta["tasks"])] == json.loads(meta["prompts"])
+    assert [newline_prompt(t, None) for t in json.loads(meta["tasks"])] == json.loads(meta["prompts"])
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(folder / "tiny_paligemma_tokenizer" / "tokenizer.json"))
     ids = tok.encode(json.loads(meta["prompts"])[0]).ids                  # BOS added by the template, no EOS

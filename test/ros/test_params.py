@@ -56,9 +56,9 @@ def test_random_weights_never_start_unless_allowed():
 
 
 def test_rtc_guidance_reaches_the_chunking_settings():
-    assert settings_from_values(VALUES).chunking.rtc_guidance == 'paper'
+    assert settings_from_values(VALUES).scheduler.rtc_guidance == 'paper'
     lerobot = settings_from_values({**VALUES, 'chunking.rtc_guidance': 'lerobot'})
-    assert lerobot.chunking.rtc_guidance == 'lerobot'
+    assert lerobot.scheduler.rtc_guidance == 'lerobot'
 
 
 def test_remote_inference_needs_a_horizon_and_a_server_name_but_no_checkpoint():

@@ -20,7 +20,7 @@ from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.server.protocol import (decode_chunk, decode_heartbeat, decode_request, decode_request_key,
                                                  encode_chunk, encode_heartbeat, encode_request, MAX_TEXT,
-                                                 ProtocolError, RequestKey, seal, SignatureError, VERSION)
+                                                 ProtocolError, Reply, RequestKey, seal, SignatureError, VERSION)
 
 JOINTS = ('a', 'b', 'c')
 TASK = 'stack the blocks'
@@ -50,7 +50,7 @@ def test_the_version_is_the_message_definitions_and_was_bumped():
 def test_a_request_round_trips(serialized):
     msg = request()
     decoded = decode_request(serialize_message(msg) if serialized else msg)
-    assert decoded.key == KEY and decoded.joints == JOINTS and decoded.deadline == 0.4 and decoded.horizon == 8
+    assert decoded.reply_to == Reply(KEY, joints=JOINTS, horizon=8) and decoded.deadline == 0.4
     np.testing.assert_array_equal(decoded.observation['images']['front'], RGB)
     np.testing.assert_allclose(decoded.observation['state'], STATE.astype(np.float32))
     assert decoded.observation['state'].dtype == np.float32 and decoded.observation['task'] == TASK
@@ -66,11 +66,11 @@ def test_a_request_round_trips(serialized):
 def test_an_answer_round_trips_and_a_fault_carries_no_chunk(serialized):
     msg = answer()
     decoded = decode_chunk(serialize_message(msg) if serialized else msg)
-    assert decoded.key == KEY and decoded.fault is None and decoded.error == ''
+    assert decoded.request.reply_to == Reply(KEY, DIGEST) and decoded.fault is None and decoded.error == ''
     np.testing.assert_allclose(decoded.chunk, np.arange(24).reshape(8, 3) / 3, rtol=1e-6)
     assert decoded.chunk.dtype == np.float64
     assert (decoded.queue_wait, decoded.compute, decoded.batch_size) == (0.001, 0.01, 4)
-    assert decoded.digest == DIGEST
+
     fault = decode_chunk(encode_chunk(KEY, DIGEST, np.zeros((8, 3)), 'raised', 'boom', 0.0, 0.1, 2))
     assert fault.chunk is None and fault.fault == 'raised' and fault.error == 'boom' and fault.batch_size == 2
 
@@ -223,11 +223,13 @@ KEY_BYTES = b'k' * 32
 def test_with_a_fleet_key_only_signed_messages_are_taken(side):
     msg = request() if side == 'request' else answer()
     decode = decode_request if side == 'request' else decode_chunk
+    key_of = (lambda decoded: decoded.reply_to.key) if side == 'request' else (
+        lambda decoded: decoded.request.reply_to.key)
     with pytest.raises(SignatureError, match='not signed with the fleet key'):
         decode(serialize_message(msg), KEY_BYTES)
     signed = seal(msg, KEY_BYTES)
-    assert decode(signed, KEY_BYTES).key == KEY
-    assert decode(signed).key == KEY, 'without a key, signatures are not read'
+    assert key_of(decode(signed, KEY_BYTES)) == KEY
+    assert key_of(decode(signed)) == KEY, 'without a key, signatures are not read'
     with pytest.raises(SignatureError, match='bad fleet key signature'):
         decode(signed, b'x' * 32)
     tampered = deserialize_message(signed, type(msg))      # the signature of another message's bytes

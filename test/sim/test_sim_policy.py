@@ -48,7 +48,7 @@ def test_shipped_checkpoint_loads_through_load_policy():
 def test_shipped_policy_succeeds_without_ros():
     policy = load_policy(PLANAR_CHECKPOINT, device='cpu')
     results = evaluate(TouchEnv(), policy_chunk_fn(policy), episodes=10, seed=7, execute=5)
-    # 90% over 50 episodes and 10/10 on these (BENCHMARKS.md); random weights reach 14-18%.
+    # 50/50 over seed 100's layouts (BENCHMARKS.md, the planar test arm); random weights reach 14%.
     assert success_rate(results) >= 0.8, results
 
 
@@ -57,7 +57,7 @@ def test_closed_loop_episodes_through_the_node_succeed(monkeypatch):
     """The installed node (planar.yaml, shipped checkpoint) drives the simulated robot over DDS."""
     robot, _ = sim_episodes(monkeypatch, [DEFAULT_CONFIG, PLANAR_CONFIG], PLANAR_CHECKPOINT, PLANAR_CONFIG,
                             {'episodes': 6, 'seed': 11})
-    assert sum(r.success for r in robot.reports) >= 4, robot.reports     # 90% over 50 episodes
+    assert sum(r.success for r in robot.reports) >= 4, robot.reports     # 50/50 in BENCHMARKS.md
     assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
 
 

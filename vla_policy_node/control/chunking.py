@@ -317,19 +317,6 @@ class ChunkScheduler:
         plan = self.take(now, 1)
         return None if plan is None else plan.actions[0]
 
-    def peek(self, n: int = 0) -> np.ndarray:
-        """
-        Return the planned actions (K, A) for the next steps, the next one first.
-
-        As ``next_action`` would return them if no chunk arrived meanwhile; at most
-        ``n`` (0: all). Changes nothing (no tick is measured, no step consumed).
-        K is 0 when nothing is planned.
-        """
-        plan = self._planned(n)
-        if plan is not None:
-            return plan.actions
-        return np.zeros((0, self._chunks[0][1].shape[1] if self._chunks else 0))
-
     def _planned(self, n: int) -> Plan | None:
         """Return the plan from the current step on (at most ``n`` rows, 0: all); None if empty."""
         count = self.actions_left if n <= 0 else min(n, self.actions_left)

@@ -9,10 +9,27 @@ maps them onto ``diagnostic_msgs/DiagnosticStatus`` levels, which use the same n
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+import math
 
 OK, WARN, ERROR = 0, 1, 2
+
+
+@dataclass
+class LimitedLog:
+    """Logs at most once per ``period`` seconds of ``wall`` per key, so a bad stream cannot flood the log."""
+
+    log: Callable[[str, str], None]         # (severity, text)
+    wall: Callable[[], float]
+    period: float
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def __call__(self, key: str, severity: str, text: str) -> None:
+        wall = self.wall()
+        if wall - self._last.get(key, -math.inf) >= self.period:
+            self._last[key] = wall
+            self.log(severity, text)
 
 
 @dataclass(frozen=True)

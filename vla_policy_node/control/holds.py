@@ -229,6 +229,18 @@ class Holds:
                        f'last command ({far} from it): someone moved the robot; not resuming until it is back, '
                        'or ~/restart_from_measured is called', ERROR)
 
+    def restart_target(self, now: float, measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """
+        Return (reference, target) of an operator's restart: where the setpoint is, where it walks to.
+
+        The joints with a tracking error checked and those off their way walk to where they are
+        measured (inside the limits); the others keep their point.
+        """
+        limits = self.settings.limits
+        reference = self.reference(now)            # fresh measured: never None here
+        restart = np.isfinite(limits.max_tracking_error) | self.off_their_way(measured, reference)
+        return reference, np.where(restart, np.clip(measured, limits.lower, limits.upper), reference)
+
     def off_their_way(self, measured: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """Mark (J,) the joints beyond ``max_step`` of their way (where the last action left them to their point)."""
         max_step = self.settings.limits.max_step

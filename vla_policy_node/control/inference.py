@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,8 +52,71 @@ class InferenceResult:
     finished_at: float
 
 
-class InferenceWorker:
-    """One background thread, one job at a time; each result goes to ``on_result``."""
+class Inference(Protocol):
+    """What the control loop needs of the inference thread (``InferenceWorker``, or a test double)."""
+
+    busy: bool
+
+    def bind(self, on_result: Callable[[InferenceResult], None]) -> None: ...
+    def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool: ...
+    def request_reset(self) -> None: ...
+
+
+class WorkerThread:
+    """
+    The liveness and stop of a background thread woken through ``_condition`` and ended by ``_stopping``.
+
+    Shared by the inference worker, the batch server and the remote client's watcher.
+    """
+
+    _thread: threading.Thread
+    _condition: threading.Condition
+    _stopping: bool
+
+    @property
+    def alive(self) -> bool:
+        """Tell whether the thread is running (it only ends when stopped, or on a bug)."""
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the thread to finish and wait at most ``timeout`` s; True if it has finished."""
+        with self._condition:
+            self._stopping = True
+            self._on_stop()
+            self._condition.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _on_stop(self) -> None:
+        """Drop what must not be delivered after the stop (the condition held)."""
+
+
+class DeadlineWorker(WorkerThread):
+    """A worker thread whose results have a deadline, which the loop may change while it runs."""
+
+    _deadline: float
+
+    @property
+    def deadline(self) -> float:
+        """Return the seconds a result may take before it is discarded (and the loop holds)."""
+        with self._condition:
+            return self._deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        with self._condition:
+            self._deadline = seconds
+            self._condition.notify()        # a thread timing a wait by the deadline re-times it
+
+
+class InferenceWorker(DeadlineWorker):
+    """
+    One background thread, one job at a time; each result goes to ``on_result``.
+
+    A step already running when it is stopped cannot be interrupted; it finishes on its own, and the
+    thread then lets go of the policy, so a worker outliving its step holds no model.
+    """
 
     def __init__(self, policy: Any, on_result: Callable[[InferenceResult], None] | None,
                  clock: Callable[[], float], deadline: float) -> None:
@@ -80,26 +143,10 @@ class InferenceWorker:
         self._thread.start()
 
     @property
-    def alive(self) -> bool:
-        """Tell whether the inference thread is running (it only ends when stopped, or on a bug)."""
-        return self._thread.is_alive()
-
-    @property
     def busy(self) -> bool:
         """Tell whether a job is queued or running."""
         with self._condition:
             return self._busy
-
-    @property
-    def deadline(self) -> float:
-        """Return the seconds a step may take before its chunk is discarded."""
-        with self._condition:
-            return self._deadline
-
-    @deadline.setter
-    def deadline(self, seconds: float) -> None:
-        with self._condition:
-            self._deadline = seconds
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -127,20 +174,6 @@ class InferenceWorker:
         with self._condition:
             self._reset_pending = True
             self._condition.notify()
-
-    def stop(self, timeout: float) -> bool:
-        """
-        Ask the thread to finish and wait at most ``timeout`` s; True if it has finished.
-
-        A step already running cannot be interrupted; it finishes on its own, and the thread
-        then lets go of the policy, so a worker outliving its step holds no model.
-        """
-        with self._condition:
-            self._stopping = True
-            self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:

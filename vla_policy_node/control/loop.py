@@ -2,11 +2,6 @@
 """
 The control loop: one tick of input health, chunk scheduling, hold decisions and the gate.
 
-(Over 500 lines on purpose: ``ControlLoop`` is the locked public API plus the hold/command
-transitions that share its lock, episode and task ends included; split across files, a reader
-could no longer see every path to the robot under that one lock. State, holds, the gate and
-ages live beside it.)
-
 Everything that decides what the robot is told lives here, free of ROS, so the node, the soak
 run and the property tests drive the same code::
 
@@ -14,10 +9,9 @@ run and the property tests drive the same code::
     tick(now) --> input health, command link --> ChunkScheduler.take --> _emit --> sink
     request --> inference thread --> on_inference_result --> ChunkScheduler.submit_chunk
 
-Read it with its neighbours: ``state`` (what the loop is doing, :class:`~.state.Mode`),
-``gate`` (the only caller of ``sink``: every command, holds included, and what it guarantees),
-``holds`` (what a command steps from, when a hold refuses), ``ages`` (how old an action may
-be), ``safety`` (the motion limits).
+Read it with its neighbours: ``state`` (what the loop is doing, :class:`~.state.Mode`), ``gate`` (the
+only caller of ``sink``: every command, holds included, and what it guarantees), ``holds`` (what a
+command steps from, when a hold refuses), ``ages`` (how old an action may be), ``safety`` (the limits).
 
 When commanding stops (bad input, no plan, a policy fault, a lost or contested command
 topic, a stalled clock) one hold is published and nothing after it until commanding resumes.
@@ -35,19 +29,18 @@ from collections.abc import Callable, Sequence
 import math
 import threading
 import time
-from typing import Any, Protocol
 
 import numpy as np
 
-from vla_policy_node.control.chunking import ChunkRequest, ChunkScheduler, Plan, SchedulerConfig
+from vla_policy_node.control.chunking import ChunkScheduler, Plan, SchedulerConfig
 from vla_policy_node.control.gate import Gate, Sink
-from vla_policy_node.control.health import ERROR, FaultTally, OK, WARN
+from vla_policy_node.control.health import ERROR, FaultTally, LimitedLog, OK, WARN
 from vla_policy_node.control.holds import Holds
-from vla_policy_node.control.inference import FAULT_RAISED, FAULTS, InferenceResult
+from vla_policy_node.control.inference import FAULT_RAISED, FAULTS, Inference, InferenceResult
 from vla_policy_node.control.observations import INSTRUCTION, JOINT_STATES, ObservationBuffer
 from vla_policy_node.control.safety import MotionLimits
 from vla_policy_node.control.settings import LoopSettings, LoopStatus, loosenings, tight_tracking, update_refusal
-from vla_policy_node.control.state import LoopState, Mode, Refusal
+from vla_policy_node.control.state import link_problem, LoopState, Mode, Refusal
 
 FAULT_STALE = 'stale'   # a chunk whose observation was too old when it arrived
 LOOP_FAULTS = FAULTS + (FAULT_STALE,)
@@ -60,21 +53,16 @@ LOG_PERIOD_S = 2.0
 EARLY_TICK = 0.1            # a latched walk steps on a tick at most this fraction of a period early (timer jitter)
 
 
-class Inference(Protocol):
-    """What the loop needs of the inference thread (``InferenceWorker``, or a test double)."""
-
-    busy: bool
-
-    def bind(self, on_result: Callable[[InferenceResult], None]) -> None: ...
-    def submit(self, request: ChunkRequest, observation: dict[str, Any]) -> bool: ...
-    def request_reset(self) -> None: ...
-
-
 Log = Callable[[str, str], None]                # (severity 'info' | 'warning', text)
 
 
 class ControlLoop:
-    """Owns a tick: inputs, scheduler, holds; every command leaves through ``_emit`` (the gate)."""
+    """
+    Owns a tick: inputs, scheduler, holds; every command leaves through ``_emit`` (the gate).
+
+    Long on purpose: the locked API and the hold/command transitions sharing its lock; split, a reader
+    could no longer see every path to the robot under one lock (state, holds, gate, ages live beside).
+    """
 
     def __init__(self, settings: LoopSettings, scheduler: SchedulerConfig, inference: Inference,
                  sink: Sink, log: Log = lambda severity, text: None,
@@ -100,7 +88,7 @@ class ControlLoop:
         self._holds = Holds(self._state, settings, self._inputs, self._counters)
         self._gate = Gate(self._state, self._holds, self._inputs, self._counters,
                           lambda *message: self._sink(*message), lambda: self.horizon)
-        self._last_log: dict[str, float] = {}
+        self._limited_log = LimitedLog(log, wall_clock, LOG_PERIOD_S)
         tight = tight_tracking(settings)
         if tight is not None:
             self._log('warning', tight)
@@ -121,20 +109,9 @@ class ControlLoop:
             return self._state.mode
 
     @property
-    def _yield_target(self) -> np.ndarray | None:
-        """Return where a latched stop walks the setpoint (J,), or None (the property tests read it)."""
-        return self._state.yield_target
-
-    @property
     def horizon(self) -> int:
         """Return the actions executed per chunk (what ``max_action_age: 0`` derives from)."""
         return self._scheduler.config.horizon
-
-    @property
-    def last_published(self) -> np.ndarray | None:
-        """Return the first point (J,) of the last message that left, or None before the first."""
-        with self._lock:
-            return None if self._state.sent is None else self._state.sent[0].copy()
 
     @property
     def hold_reason(self) -> str | None:
@@ -181,16 +158,7 @@ class ControlLoop:
         """
         with self._lock:
             self._state.contested = other_publishers > 0
-            if other_publishers > 0:
-                self._state.link_problem = Refusal(
-                    f'{other_publishers} other publisher(s) on {topic}: refusing to '
-                    'command (another node with the same name or topic?)', ERROR)
-            elif refused is not None:
-                self._state.link_problem = Refusal(refused, ERROR)
-            elif subscribers == 0:
-                self._state.link_problem = Refusal(f'nobody subscribes to {topic}')
-            else:
-                self._state.link_problem = None
+            self._state.link_problem = link_problem(subscribers, other_publishers, topic, refused)
             if unheard_joints is not None:          # not received, or not known to run: re-enter from measured
                 self._state.unheard[list(unheard_joints)] = True
             elif subscribers == 0:
@@ -484,10 +452,7 @@ class ControlLoop:
             measured = self._inputs.fresh_positions(now, self._settings.max_observation_age)
             if measured is None:
                 return 'no fresh joint state to start from'
-            limits = self._settings.limits
-            reference = self._holds.reference(now)            # fresh measured: never None here
-            restart = np.isfinite(limits.max_tracking_error) | self._holds.off_their_way(measured, reference)
-            target = np.where(restart, np.clip(measured, limits.lower, limits.upper), reference)
+            reference, target = self._holds.restart_target(now, measured)
             self._state.moved_counted = False
             self._state.latch, self._state.yield_target, self._state.restarting = None, target, True
             distance = float(np.max(np.abs(target - reference)))
@@ -529,13 +494,6 @@ class ControlLoop:
         return LoopStatus(state='commanding' if hold is None else f'holding: {hold}', level=level,
                           counters=counters, inputs=inputs, policy_faults=faults,
                           max_action_age=action_age, last_chunk_latency=latency)
-
-    def _limited_log(self, key: str, severity: str, text: str) -> None:
-        """Log at most once per LOG_PERIOD_S per key, so a bad stream cannot flood the log."""
-        wall = self._wall()
-        if wall - self._last_log.get(key, -math.inf) >= LOG_PERIOD_S:
-            self._last_log[key] = wall
-            self._log(severity, text)
 
 
 __all__ = ['ControlLoop', 'FAULT_STALE', 'INSTRUCTION', 'JOINT_STATES', 'LoopSettings', 'Mode',

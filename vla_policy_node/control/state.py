@@ -14,7 +14,7 @@ import enum
 
 import numpy as np
 
-from vla_policy_node.control.health import WARN
+from vla_policy_node.control.health import ERROR, WARN
 
 
 class Mode(enum.Enum):
@@ -33,6 +33,18 @@ class Refusal:
     reason: str
     level: int = WARN
     counter: str | None = None      # counted when it starts a hold
+
+
+def link_problem(subscribers: int, other_publishers: int, topic: str, refused: str | None) -> Refusal | None:
+    """Why the command link forbids commanding (another sender, a refused goal, nobody listening), or None."""
+    if other_publishers > 0:
+        return Refusal(f'{other_publishers} other publisher(s) on {topic}: refusing to '
+                       'command (another node with the same name or topic?)', ERROR)
+    if refused is not None:
+        return Refusal(refused, ERROR)
+    if subscribers == 0:
+        return Refusal(f'nobody subscribes to {topic}')
+    return None
 
 
 @dataclass

@@ -118,7 +118,7 @@ def hub_snapshot(repo_id: str) -> Path:
                 f"itself ({', '.join(p.name for p in found)})")
     raise CheckpointError(
         f"checkpoint {repo_id!r} is neither a folder nor a model in the local Hugging Face cache "
-        f"(looked in {', '.join(tried)}); download it first: huggingface-cli download {repo_id}")
+        f"(looked in {', '.join(tried)}); download it first: hf download {repo_id}")
 
 
 def cache_blobs(folder: Path) -> Optional[Path]:
@@ -155,6 +155,25 @@ def inside(folder: Path, name: str) -> Path:
     if blobs is not None and path.parent == blobs and ".." not in Path(name).parts:
         return folder / name
     raise CheckpointError(f"{name!r} resolves to {path}, outside the checkpoint folder {folder}")
+
+
+TINY_SIZES = "tiny_dims.json"
+
+
+def tiny_sizes(folder: Path) -> Optional[dict]:
+    """
+    Return the test sizes of a tiny pi0 / pi0.5 checkpoint, or None for a real one.
+
+    Why the probe stays: LeRobot's pi config names its sizes (``gemma_2b``, ``gemma_300m``)
+    and cannot give others, so the tiny test checkpoints (the LeRobot and openpi fixtures,
+    the read-only references, the bench's) name the published variants in ``config.json`` and
+    carry their real sizes in ``tiny_dims.json`` beside it (the references cannot change).
+    Only the pi loader probes; a stray file cannot shrink a real model unnoticed: the weights'
+    names and shapes are checked against the sized model before anything is allocated, and a
+    load sized here says so in the log.
+    """
+    path = inside(folder, TINY_SIZES)
+    return read_json(path) if path.is_file() else None
 
 
 def read_json(path: Path) -> dict:

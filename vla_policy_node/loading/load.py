@@ -10,21 +10,22 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from vla_policy_node.loading import checkpoint as ckpt
-from vla_policy_node.model.blocks import DecoderSpec
+from vla_policy_node.model.blocks import DecoderSpec, fuse_projections, pack_linears
 from vla_policy_node.loading import generation as generations
 from vla_policy_node.loading import processors
 from vla_policy_node.loading import sizes
 from vla_policy_node.loading import openpi
-from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi0, pi05, smolvla
+from vla_policy_node.model.families import FAMILIES, SMOLVLA, Family, pi05, smolvla
 from vla_policy_node.model.families.paligemma import PiConfig, lerobot_image_pad_value, prepare_image
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.runtime.policy import Policy, resolve_device, resolve_dtype
 from vla_policy_node.model.int8_linear import quantize_linears
-from vla_policy_node.model.precision import INT8, cast_model, load_dtype_name
-from vla_policy_node.model.preprocessing import Preprocessor, camera_key, newline_prompt, smolvla_image
+from vla_policy_node.model.precision import cast_model, INT8, load_dtype_name
+from vla_policy_node.model.preprocessing import (camera_key, ImageTransform, newline_prompt, Preprocessor, PromptFn,
+                                                 smolvla_image)
 from vla_policy_node.model.tokenizer import PADDING_SIDES, ByteTokenizer, TextTokenizer
 from vla_policy_node.model.vision import VisionSpec
 from vla_policy_node.loading.weights import build_model, prefix_key_map
@@ -109,10 +110,9 @@ def _smolvla(folder: Path, config: dict, device: torch.device, dtype: torch.dtyp
         tokenizer=tokenizer, prompt=newline_prompt if steps.newline else _task_prompt,
         **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, cfg.pad_language_to, source),
         padding_side=_padding_side(tok_cfg, source), camera_renames=steps.camera_renames,
-        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim)
-    return Policy(SMOLVLA.name, cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights, relative_actions=steps.relative,
-                  provenance=generation.describe())
+        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim, device=device)
+    return Policy(SMOLVLA.name, ready_model(model, device, dtype, pack_weights), pre, action_norm, cfg.action_dim,
+                  cfg.num_steps, device, seed, relative_actions=steps.relative, provenance=generation.describe())
 
 
 def _task_prompt(task: str, state: np.ndarray) -> str:
@@ -157,70 +157,111 @@ def _pipelines(folder: Path, config: dict, action_dim: int, state_dim: int) -> p
         raise ckpt.CheckpointError(f"{folder}: {exc}") from exc
 
 
+@dataclasses.dataclass(frozen=True)
+class PiCheckpoint:
+    """
+    A pi0 / pi0.5 checkpoint as its layout's reader found it (``_read_openpi``, ``_read_lerobot``).
+
+    ``config``: LeRobot's config.json form; ``tokenizer``: the tokenizer step's settings;
+    ``pipelines``, ``prompt`` and ``image``: what depends on the model's config, built once it is known.
+    """
+
+    config: dict
+    state_norm: Normalizer
+    action_norm: Normalizer
+    tokenizer: dict
+    tokenizer_name: str
+    pipelines: Callable[[PiConfig], Optional[processors.Pipelines]]
+    prompt: Callable[[PiConfig, Optional[processors.Pipelines]], PromptFn]
+    image: Callable[[int], ImageTransform]
+    provenance: str
+
+
+TOKENIZER_SOURCE = "policy_preprocessor.json tokenizer_processor"
+
+
+def _read_openpi(folder: Path, config: dict, tiny: Optional[dict]) -> PiCheckpoint:
+    """Read openpi's layout: its converter's config.json and ``assets/<id>/norm_stats.json``."""
+    openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
+    is_pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
+    state_norm, action_norm = openpi.openpi_normalizers(folder, is_pi05)
+    image_size = (tiny or {}).get("image_size", 224)
+    config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
+    tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],
+               "padding": "max_length"}
+    return PiCheckpoint(
+        config, state_norm, action_norm, tok_cfg, _tokenizer_name(tok_cfg), pipelines=lambda cfg: None,
+        prompt=lambda cfg, steps: openpi_prompt, image=openpi.openpi_image, provenance="openpi")
+
+
+def _read_lerobot(folder: Path, config: dict, lerobot_version: Optional[str]) -> PiCheckpoint:
+    """Read LeRobot's layout: config.json, the saved pre/post-processors and their statistics."""
+    state_norm, action_norm = ckpt.lerobot_normalizers(folder)
+    tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
+    tok_name = _tokenizer_name(tok_cfg)
+    generation = _generation(folder, config, lerobot_version, tok_name)
+    family: Family = FAMILIES[config["type"]]
+    pad_value = lerobot_image_pad_value(generation.version)
+
+    def prompt(cfg: PiConfig, steps: Optional[processors.Pipelines]) -> PromptFn:
+        if family.state_in_prompt:
+            pad_bins = not generation.transformers5     # LeRobot >= 0.5 bins only the robot's own state dims
+            return lambda task, state: pi05.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
+        return newline_prompt if steps.newline else _task_prompt
+
+    def image(size: int) -> ImageTransform:
+        return lambda img: prepare_image(img, size, pad_value)
+    return PiCheckpoint(
+        config, state_norm, action_norm, tok_cfg, tok_name,
+        pipelines=lambda cfg: _pipelines(folder, config, cfg.action_dim, cfg.state_dim),
+        prompt=prompt, image=image, provenance=generation.describe())
+
+
+def _tokenizer_name(tok_cfg: dict) -> str:
+    return ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, TOKENIZER_SOURCE)
+
+
 def _pi(folder: Path, config: dict, device: torch.device, dtype: torch.dtype, backend: str, seed: int,
         pack_weights: bool, lerobot_version: Optional[str] = None) -> Policy:
     """pi0 / pi0.5 from LeRobot's layout, or from openpi's (``assets/<id>/norm_stats.json``)."""
-    # LeRobot names pi0/pi0.5 sizes (gemma_2b, gemma_300m) without giving them: small test checkpoints
-    # (the LeRobot fixtures, the bench's) carry their real sizes in ``tiny_dims.json`` beside config.json.
-    tiny_path = ckpt.inside(folder, "tiny_dims.json")
-    tiny = ckpt.read_json(tiny_path) if tiny_path.is_file() else None
-    openpi_layout = openpi.is_openpi_config(config)
-    generation: Optional[generations.Generation] = None
-    if openpi_layout:
-        openpi_prompt = openpi.openpi_prompt(openpi.discrete_state_input(config))
-        is_pi05 = ckpt.config_value(config, "pi05", bool, False, "config.json")
-        state_norm, action_norm = openpi.openpi_normalizers(folder, is_pi05)
-        image_size = (tiny or {}).get("image_size", 224)
-        config = openpi.lerobot_style_config(config, state_norm.dim or 0, action_norm.dim or 0, image_size)
-        tok_cfg = {"tokenizer_name": PALIGEMMA_TOKENIZER, "max_length": config["tokenizer_max_length"],
-                   "padding": "max_length"}
-    else:
-        state_norm, action_norm = ckpt.lerobot_normalizers(folder)
-        tok_cfg = ckpt.processor_step_config(folder, "policy_preprocessor.json", "tokenizer_processor") or {}
-    source = "policy_preprocessor.json tokenizer_processor"
-    tok_name = ckpt.config_value(tok_cfg, "tokenizer_name", str, PALIGEMMA_TOKENIZER, source)
-    if not openpi_layout:
-        generation = _generation(folder, config, lerobot_version, tok_name)
+    tiny = ckpt.tiny_sizes(folder)      # a test checkpoint's sizes (see tiny_sizes)
+    if tiny is not None:
+        log.info("%s: sized by its %s (a test checkpoint)", folder, ckpt.TINY_SIZES)
+    read = (_read_openpi(folder, config, tiny) if openpi.is_openpi_config(config)
+            else _read_lerobot(folder, config, lerobot_version))
+    config = read.config
     family: Family = FAMILIES[config["type"]]
     try:
         cfg = PiConfig.from_checkpoint(config, tiny)
     except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ckpt.CheckpointError(f"{folder}/config.json: invalid {config['type']} configuration: {exc!r}") from exc
-    steps = None if openpi_layout else _pipelines(folder, config, cfg.action_dim, cfg.state_dim)
+    steps = read.pipelines(cfg)
     _check_sizes(folder, cfg, len(cfg.camera_names) + cfg.empty_cameras, device, pack_weights)
     model = build_model(lambda: family.network(cfg, backend), cfg, ckpt.weights_file(folder),
                         prefix_key_map(family.key_rules()))
-    if openpi_layout:
-        prompt = openpi_prompt
-    elif family.state_in_prompt:
-        pad_bins = not generation.transformers5     # LeRobot >= 0.5 bins only the robot's own state dims
-
-        def prompt(task: str, state: np.ndarray) -> str:
-            return pi05.pi05_prompt(task, state, cfg.max_state_dim, pad_bins)
-    elif steps.newline:
-        def prompt(task: str, state: np.ndarray) -> str:
-            return pi0.pi0_prompt(task)
-    else:
-        prompt = _task_prompt
-    size = cfg.image_size[0]
-    if openpi_layout:
-        image_transform = openpi.openpi_image(size)
-    else:
-        pad_value = lerobot_image_pad_value(generation.version)
-
-        def image_transform(img: Tensor) -> Tensor:
-            return prepare_image(img, size, pad_value)
     pre = Preprocessor(
-        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=image_transform,
-        tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, tok_name)), prompt=prompt,
-        **_prompt_settings(tok_cfg, cfg.tokenizer_max_length, "max_length", source),
-        padding_side=_padding_side(tok_cfg, source), camera_renames={} if steps is None else steps.camera_renames,
-        state_normalizer=state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
-        state_in_prefix=not family.state_in_prompt, empty_cameras=cfg.empty_cameras)
-    return Policy(family.name, cast_model(model, device, dtype), pre, action_norm, cfg.action_dim,
-                  cfg.num_steps, device, seed, pack_weights,
-                  relative_actions=None if steps is None else steps.relative,
-                  provenance="openpi" if generation is None else generation.describe())
+        camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=read.image(cfg.image_size[0]),
+        tokenizer=TextTokenizer(ckpt.tokenizer_file(folder, read.tokenizer_name)), prompt=read.prompt(cfg, steps),
+        **_prompt_settings(read.tokenizer, cfg.tokenizer_max_length, "max_length", TOKENIZER_SOURCE),
+        padding_side=_padding_side(read.tokenizer, TOKENIZER_SOURCE),
+        camera_renames={} if steps is None else steps.camera_renames,
+        state_normalizer=read.state_norm, state_dim=cfg.state_dim, max_state_dim=cfg.max_state_dim,
+        state_in_prefix=not family.state_in_prompt, empty_cameras=cfg.empty_cameras, device=device)
+    return Policy(family.name, ready_model(model, device, dtype, pack_weights), pre, read.action_norm,
+                  cfg.action_dim, cfg.num_steps, device, seed,
+                  relative_actions=None if steps is None else steps.relative, provenance=read.provenance)
+
+
+def ready_model(model: nn.Module, device: torch.device, dtype: torch.dtype, pack_weights: bool) -> nn.Module:
+    """
+    Make a built model final before a Policy wraps it: cast, q/k/v and gate/up matmuls fused, CPU weights packed.
+
+    ``pack_weights`` adds oneDNN-packed copies of the CPU weights (faster matmuls, nearly their size again).
+    """
+    model = fuse_projections(cast_model(model, device, dtype))
+    if pack_weights:
+        pack_linears(model)
+    return model
 
 
 def _check_sizes(folder: Path, cfg: Any, cameras: int, device: torch.device, pack_weights: bool) -> None:
@@ -300,19 +341,19 @@ def build_tiny_policy(camera_names: Sequence[str] = ("front",), state_dim: int =
     model = smolvla.SmolVLA(cfg, attention_backend)
     init_weights(model, torch.Generator().manual_seed(seed))
     identity = {"mean": np.zeros(state_dim, np.float32), "std": np.ones(state_dim, np.float32)}
+    torch_device, note = resolve_device(device)
+    if note:
+        log.warning(note)
     pre = Preprocessor(
         camera_names=cfg.camera_names, image_size=cfg.image_size, image_transform=smolvla_image(*cfg.image_size),
         tokenizer=ByteTokenizer(), max_length=cfg.tokenizer_max_length, padding=cfg.pad_language_to,
         prompt=newline_prompt, state_normalizer=Normalizer("MEAN_STD", identity),
-        state_dim=state_dim, max_state_dim=cfg.max_state_dim)
+        state_dim=state_dim, max_state_dim=cfg.max_state_dim, device=torch_device)
     action_norm = Normalizer("MEAN_STD", {"mean": np.zeros(action_dim, np.float32),
                                           "std": np.ones(action_dim, np.float32)})
-    torch_device, note = resolve_device(device)
-    if note:
-        log.warning(note)
     torch_dtype, int8 = _precision(dtype, torch_device)
-    policy = Policy("tiny", cast_model(model, torch_device, torch_dtype), pre, action_norm, action_dim,
-                    num_steps, torch_device, seed, pack_weights=not int8)
+    policy = Policy("tiny", ready_model(model, torch_device, torch_dtype, not int8), pre, action_norm, action_dim,
+                    num_steps, torch_device, seed)
     if int8:
-        quantize_linears(policy.model)
+        quantize_linears(policy.model)          # int8 weights take the packed copies' place
     return policy

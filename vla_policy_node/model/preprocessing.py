@@ -58,9 +58,34 @@ def camera_key(name: str) -> str:
     return name if name.startswith(IMAGE_PREFIX) else IMAGE_PREFIX + name
 
 
-def newline_prompt(task: str, state: np.ndarray) -> str:
-    """Build the SmolVLA prompt: the task, ending in a newline."""
+def newline_prompt(task: str, state: Optional[np.ndarray]) -> str:
+    """Build the SmolVLA and pi0 prompt: the task, ending in a newline (LeRobot's new-line step); no state."""
     return task if task.endswith("\n") else task + "\n"
+
+
+def stack_observations(observations: Sequence[Mapping]) -> dict:
+    """
+    Stack single observations into one batch: images (B, H, W, 3) per camera, state (B, D), tasks.
+
+    Raises ValueError when they do not give the same cameras with frames of one size.
+    """
+    cameras = set(observations[0].get("images") or {})
+    for index, observation in enumerate(observations):
+        if set(observation.get("images") or {}) != cameras:
+            raise ValueError(f"observation {index} has cameras {sorted(observation.get('images') or {})}, "
+                             f"the first {sorted(cameras)}: a batch needs the same cameras")
+    images = {}
+    for name in sorted(cameras):
+        frames = [np.asarray(observation["images"][name]) for observation in observations]
+        if len({frame.shape for frame in frames}) != 1:
+            raise ValueError(f"camera {name!r}: frames of different shapes {sorted({f.shape for f in frames})} "
+                             "cannot share a batch")
+        images[name] = np.stack(frames)
+    states = [np.asarray(observation.get("state"), dtype=np.float32) for observation in observations]
+    if len({state.shape for state in states}) != 1:
+        raise ValueError(f"states of different shapes {sorted({s.shape for s in states})} cannot share a batch")
+    tasks = [observation.get("task") for observation in observations]
+    return {"images": images, "state": np.stack(states), "task": tasks}
 
 
 @dataclass

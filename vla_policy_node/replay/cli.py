@@ -290,7 +290,7 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
     ValueError if an episode (or the whole bag) has no instruction, or no observation was ever complete.
     """
     dt = 1.0 / settings.control_rate_hz
-    horizon = settings.chunking.horizon or policy.chunk_size
+    horizon = settings.horizon or policy.chunk_size
     period = period or horizon * dt
     topics = _Topics.of(settings, namespace, node)
     check_bag(bag, settings, namespace, node)
@@ -399,7 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         check_bag(args.bag, settings, args.namespace, args.node)   # before the policy loads: a broken bag fails fast
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
-                             lambda text: print(f'warning: {text}', file=sys.stderr))
+                             lambda text: print(f'warning: {text}', file=sys.stderr), (), settings.horizon,
+                             settings.guided)
         result = replay(args.bag, settings, policy, args.period, args.namespace, args.node)
     except (ParameterError, PolicyLoadError, ValueError, OSError) as error:
         print(f'vla-policy-replay: {error}', file=sys.stderr)
@@ -432,7 +433,8 @@ def _main_dataset(args: argparse.Namespace, make_policy: Any, load_error: type) 
         check_fit(dataset, settings)                 # before the policy loads: a mismatch fails fast
         episodes = check_episodes(dataset, args.episodes)
         policy = make_policy(settings, lambda text: print(text, file=sys.stderr),
-                             lambda text: print(f'warning: {text}', file=sys.stderr))
+                             lambda text: print(f'warning: {text}', file=sys.stderr), (), settings.horizon,
+                             settings.guided)
         result = replay_dataset(dataset, settings, policy, episodes,
                                 None if args.period is None else max(1, round(args.period * dataset.fps)))
     except (ParameterError, load_error, ValueError, OSError) as error:

@@ -18,8 +18,7 @@ from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from vla_policy_node.control.health import FaultReport, InputHealth
-
-LATENCY_STAGES = ('prefix', 'denoise', 'total')
+from vla_policy_node.control.inference import POLICY_STAGES
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class NodeStatus:
 
     level: control.health level. counters: integer counters by key (control_steps,
     prefix_passes, commands_published, ...). latencies: stage -> (p50, p95) in seconds,
-    for the stages in LATENCY_STAGES.
+    for the stages in POLICY_STAGES.
     """
 
     state: str
@@ -70,7 +69,7 @@ def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> Di
               KeyValue(key='model', value=status.model),
               KeyValue(key='device', value=status.device)]
     values += [KeyValue(key=key, value=_value(count)) for key, count in status.counters.items()]
-    for stage in LATENCY_STAGES:
+    for stage in POLICY_STAGES:
         p50, p95 = status.latencies.get(stage, (float('nan'), float('nan')))
         values.append(KeyValue(key=f'{stage}_latency_p50_ms', value=f'{p50 * 1e3:.2f}'))
         values.append(KeyValue(key=f'{stage}_latency_p95_ms', value=f'{p95 * 1e3:.2f}'))

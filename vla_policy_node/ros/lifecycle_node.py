@@ -39,7 +39,7 @@ from std_srvs.srv import Trigger
 import torch
 
 from vla_policy_node.control.inference import InferenceResult
-from vla_policy_node.ros.node import main as run_node, NODE_NAME, PolicyWiring
+from vla_policy_node.ros.node import main as run_node, model_description, NODE_NAME, PolicyWiring
 from vla_policy_node.ros.params import ParameterError
 from vla_policy_node.ros.policy_loader import PolicyLoadError
 from vla_policy_node.ros.qos import INSTRUCTION_VOLATILE_QOS
@@ -133,7 +133,8 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
             self._free()
             return TransitionCallbackReturn.FAILURE
         self._wired = self._made_since(before)
-        self.get_logger().info(f'configured (inactive, not commanding): {self._model_description()}')
+        described = model_description(self._settings, self._policy)
+        self.get_logger().info(f'configured (inactive, not commanding): {described}')
         return TransitionCallbackReturn.SUCCESS
 
     def _made_since(self, before: dict[str, set]) -> dict[str, list]:

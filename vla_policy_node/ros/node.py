@@ -16,6 +16,7 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -34,7 +35,7 @@ from std_srvs.srv import Trigger
 
 from vla_policy_node.control.ages import ages_loosened, StartAges
 from vla_policy_node.control.chunking import SchedulerConfig
-from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings
+from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings, LoopStatus
 from vla_policy_node.control.inference import InferenceWorker
 from vla_policy_node.control.joint_map import joint_mapped
 from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
@@ -85,13 +86,27 @@ def remote_deadline(settings: NodeSettings, sim_time: bool) -> float:
 
 def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig:
     """Chunk execution settings (horizon 0 means the policy's whole chunk)."""
-    chunking = settings.chunking
-    return SchedulerConfig(
-        control_rate_hz=settings.control_rate_hz, horizon=chunking.horizon or chunk_size,
-        refill_threshold=chunking.refill_threshold, blend=chunking.blend,
-        blend_weight=chunking.blend_weight, ensemble_decay=chunking.ensemble_decay,
-        rtc_max_guidance_weight=chunking.rtc_max_guidance_weight, rtc_guidance=chunking.rtc_guidance,
-        execution_horizon=chunking.execution_horizon)
+    return dataclasses.replace(settings.scheduler, horizon=settings.horizon or chunk_size)
+
+
+def node_status(settings: NodeSettings, policy: Any, worker_stats: dict[str, Any], loop: LoopStatus,
+                output_counters: dict[str, int]) -> diagnostics.NodeStatus:
+    """Build the node's status from its parts: the policy (None: a server's), its worker's stats, the loop's."""
+    device = 'remote' if policy is None else str(policy.device)
+    return diagnostics.NodeStatus(
+        state=loop.state, level=loop.level, model=model_description(settings, policy, worker_stats.get('server')),
+        device=device, counters={**worker_stats['counters'], **loop.counters, **output_counters},
+        latencies=worker_stats['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
+        max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
+
+
+def model_description(settings: NodeSettings, policy: Any, server: str | None = None) -> str:
+    """Say which policy runs: a server's, a checkpoint's, or random weights."""
+    if policy is None:
+        return f"policy of the server {server or ' or '.join(settings.remote_servers)}"
+    if settings.checkpoint:
+        return f'{policy.family} from {settings.checkpoint}'
+    return f'{policy.family} model with RANDOM weights (no checkpoint)'
 
 
 class PolicyWiring:
@@ -135,16 +150,15 @@ class PolicyWiring:
         # camera -> (width, height) of its first good frame: a frame declaring another size is refused
         # before it is decoded (a decode bomb), until the node restarts (a lifecycle node: re-activates)
         self._frame_sizes: dict[str, tuple[int, int]] = {}
-        self._compressed = {name for name, transport in zip(
-            self._settings.camera_names, self._settings.camera_transports)
-            if transport == 'compressed'}
+        cameras = zip(self._settings.camera_names, self._settings.camera_transports)
+        self._compressed = {name for name, transport in cameras if transport == 'compressed'}
         self._reported_unknown: set[str] = set()
         self._other_publishers: tuple[int, ...] = ()
 
     def _make_loop(self) -> ControlLoop:
         """Make a control loop bound to the inference (units mapped); its sink is :meth:`_publish`."""
         settings = self._settings
-        horizon = settings.chunking.horizon if self._policy is None else self._policy.chunk_size
+        horizon = settings.horizon if self._policy is None else self._policy.chunk_size
         inference = joint_mapped(self._worker, settings.joint_map)
         loop = ControlLoop(
             loop_settings(settings), scheduler_config(settings, horizon),
@@ -169,9 +183,10 @@ class PolicyWiring:
             return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
                                          remote_deadline(settings, self._sim_time()),
                                          self.get_logger().warning, settings.remote_server_timeout,
-                                         self.get_logger().info, settings.chunking.horizon,
+                                         self.get_logger().info, settings.horizon,
                                          settings.remote_fleet_key)
-        policy = make_policy(settings, self.get_logger().info, self.get_logger().warning)
+        policy = make_policy(settings, self.get_logger().info, self.get_logger().warning, (), settings.horizon,
+                             settings.guided)
         return policy, InferenceWorker(policy, None, self._now, settings.policy_deadline)
 
     def _wire(self) -> None:
@@ -330,7 +345,7 @@ class PolicyWiring:
             looser = loop_settings(settings).limits.loosened_from(self._envelope)
             reason = None if looser is None else f'limits: {looser}'
         if reason is None:
-            horizon = self._loop.horizon if self._loop is not None else settings.chunking.horizon or None
+            horizon = self._loop.horizon if self._loop is not None else settings.horizon or None
             horizon_s = None if horizon is None else horizon / settings.control_rate_hz
             reason = ages_loosened(settings, self._start_ages, horizon_s)
         if reason is None and self._loop is not None:
@@ -365,21 +380,8 @@ class PolicyWiring:
 
     def status(self) -> diagnostics.NodeStatus:
         """Take a consistent snapshot of the loop's and the policy's counters and health."""
-        policy = self._worker.stats
-        loop = self._loop.status(self._now(), self._settings.diagnostics_period)
-        device = 'remote' if self._policy is None else str(self._policy.device)
-        return diagnostics.NodeStatus(
-            state=loop.state, level=loop.level, model=self._model_description(policy.get('server')),
-            device=device, counters={**policy['counters'], **loop.counters, **self._outputs.counters},
-            latencies=policy['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
-            max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
-
-    def _model_description(self, server: str | None = None) -> str:
-        if self._policy is None:
-            return f"policy of the server {server or ' or '.join(self._settings.remote_servers)}"
-        if self._settings.checkpoint:
-            return f'{self._policy.family} from {self._settings.checkpoint}'
-        return f'{self._policy.family} model with RANDOM weights (no checkpoint)'
+        return node_status(self._settings, self._policy, self._worker.stats,
+                           self._loop.status(self._now(), self._settings.diagnostics_period), self._outputs.counters)
 
     # ------------------------------------------------------------------ shutdown
     @property
@@ -432,7 +434,7 @@ class VlaPolicyNode(PolicyWiring, Node):
         self._load()
         self._wire()
         self._worker.start()
-        self.get_logger().info(f'ready: {self._model_description()}')
+        self.get_logger().info(f'ready: {model_description(self._settings, self._policy)}')
 
 
 def _ros_arguments(node_options: dict[str, Any]) -> list[str]:

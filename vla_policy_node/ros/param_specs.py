@@ -19,9 +19,9 @@ from rclpy.parameter import Parameter
 from vla_policy_node.control.chunking import BLEND_MODES, RTC_GUIDANCE
 from vla_policy_node.model.preprocessing import MAX_TASK_CHARS
 from vla_policy_node.ros.command_groups import COMMAND_INTERFACES, group_parameter
+from vla_policy_node.runtime.devices import DTYPES
 
 CAMERA_TRANSPORTS = ('raw', 'compressed')
-DTYPES = ('float32', 'bfloat16', 'float16', 'int8')
 INFERENCE = ('local', 'remote')
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-Parameters of the policy node: declaration, validation, typed settings, the parameter-file reader.
+Parameters of the policy node: declaration, validation, typed settings (the file reader: ros.params_file).
 
 Every tunable is described (type, range, description) in ``ros.param_specs``, so that
 ``ros2 param describe`` explains it and out-of-range values are refused by rclpy itself.
@@ -15,9 +15,8 @@ under a running controller would silently redirect or replace the policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-import re
 from typing import Any
 
 import numpy as np
@@ -25,29 +24,17 @@ from rclpy.exceptions import ParameterException, ParameterUninitializedException
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.validate_topic_name import validate_topic_name
-import yaml
 
+from vla_policy_node.control.chunking import SchedulerConfig
 from vla_policy_node.control.joint_map import JointMap
 from vla_policy_node.control.safety import MotionLimits, SafetyError
 from vla_policy_node.ros.command_groups import check_group_names, command_groups_from_values, CommandGroup
 from vla_policy_node.ros.param_specs import (  # noqa: F401 (re-exported: the names of ros.params)
     _type_name, all_specs, CAMERA_TRANSPORTS, command_group_specs, DTYPES, INFERENCE, ParameterError, PARAMETERS,
     ParamSpec, ROS_NODE_PARAMETERS, SPECS)
+from vla_policy_node.ros.params_file import check_override_sources, read_params_file  # noqa: F401 (re-exported)
+from vla_policy_node.runtime.devices import DEVICES, is_device_name
 from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key
-
-
-@dataclass(frozen=True)
-class ChunkingSettings:
-    """What the node passes to the ChunkScheduler (horizon 0 = the policy's chunk size)."""
-
-    horizon: int
-    refill_threshold: float
-    blend: str
-    blend_weight: float
-    ensemble_decay: float
-    rtc_max_guidance_weight: float
-    rtc_guidance: str
-    execution_horizon: int = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +55,6 @@ class PolicySettings:
     tiny_seed: int
     camera_names: tuple[str, ...]
     joint_names: tuple[str, ...]
-    chunking: ChunkingSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +74,8 @@ class NodeSettings(PolicySettings):
     command_topic: str
     trajectory_points: int
     control_rate_hz: float
+    horizon: int                            # chunking.horizon: actions used per chunk (0: the policy's chunk size)
+    scheduler: SchedulerConfig              # chunking.*; ros.node.scheduler_config sets its horizon
     max_observation_age: float
     max_action_age: float
     use_header_stamps: bool
@@ -101,13 +89,15 @@ class NodeSettings(PolicySettings):
     remote_server_timeout: float = 0.5
     remote_fleet_key: bytes | None = field(default=None, repr=False)     # read from remote.fleet_key_file
 
+    @property
+    def guided(self) -> bool:
+        """Tell whether chunks after an episode's first follow real-time chunking guidance (eager code)."""
+        return self.scheduler.blend == 'rtc'
+
 
 def _check_device(device: str) -> None:
-    if device in ('auto', 'cpu', 'cuda'):
-        return
-    if device.startswith('cuda:') and device[5:].isdigit():
-        return
-    raise ParameterError(f"parameter 'device' = '{device}' must be auto, cpu, cuda or cuda:N")
+    if not is_device_name(device):
+        raise ParameterError(f"parameter 'device' = '{device}' must be {DEVICES}")
 
 
 def _check_topic(key: str, topic: str) -> None:
@@ -134,11 +124,77 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
 
     ``values`` maps each name in :data:`PARAMETERS` to its value. The rules checked by rclpy
     through the descriptors (type, range) are checked again here so that this function alone
-    decides, and can be unit-tested without a node.
+    decides, and can be unit-tested without a node. Each cross-rule is one named function in
+    :data:`CROSS_RULES`, checked in that order.
     """
-    names = values.get('commands.groups') or ()
+    values = _checked_values(values)
+    for rule in CROSS_RULES:
+        rule(values)
+    cameras = tuple(values['camera_topics'])
+    return NodeSettings(
+        **policy_settings_fields(values),
+        camera_topics=cameras,
+        instruction_topic=values['instruction_topic'],
+        task_success_topic=values['task_success_topic'],
+        joint_states_topic=values['joint_states_topic'],
+        camera_transports=_camera_transports(values),
+        joint_map=_joint_map(values),
+        command_groups=_command_groups(values),
+        trajectory_velocities=values['trajectory_velocities'],
+        gripper_max_effort=values['gripper_max_effort'],
+        command_interface=values['command_interface'],
+        command_topic=values['command_topic'],
+        trajectory_points=values['trajectory_points'],
+        control_rate_hz=values['control_rate_hz'],
+        horizon=values['chunking.horizon'],
+        scheduler=_scheduler(values),
+        max_observation_age=values['max_observation_age'],
+        max_action_age=values['max_action_age'],
+        use_header_stamps=values['use_header_stamps'],
+        policy_deadline=values['policy_deadline'],
+        reset_on_instruction_change=values['reset_on_instruction_change'],
+        max_instruction_length=values['max_instruction_length'],
+        limits=_motion_limits(values),
+        diagnostics_period=values['diagnostics_period'],
+        inference=values['inference'],
+        remote_servers=_remote_servers(values),
+        remote_server_timeout=values['remote.server_timeout'],
+        remote_fleet_key=_fleet_key(values['remote.fleet_key_file']) if _remote(values) else None,
+    )
+
+
+def policy_settings_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the :class:`PolicySettings` fields from parameter values: the node and the server build them here."""
+    return dict(
+        checkpoint=values['checkpoint'],
+        allow_random_weights=values['allow_random_weights'],
+        checkpoint_root=values['checkpoint_root'],
+        device=values['device'],
+        dtype=values['dtype'],
+        cuda_graphs=values['cuda_graphs'],
+        torch_compile=values['compile'],
+        compile_cache_dir=values['compile_cache_dir'],
+        num_threads=values['num_threads'],
+        tiny_chunk_size=values['tiny_model.chunk_size'],
+        tiny_num_steps=values['tiny_model.num_steps'],
+        tiny_seed=values['tiny_model.seed'],
+        camera_names=tuple(values['camera_names']),
+        joint_names=tuple(values['joint_names']))
+
+
+def check_random_weights(values: Mapping[str, Any]) -> None:
+    """Refuse an empty checkpoint (a model with random weights) unless allow_random_weights says so."""
+    if not values['checkpoint'] and not values['allow_random_weights']:
+        raise ParameterError(
+            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
+            "'checkpoint' to your policy's folder (or allow_random_weights: true for plumbing "
+            'tests without a robot that can be hurt)')
+
+
+def _checked_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every spec's value present, in its choices and bounds (the optional ones default to None)."""
     try:
-        check_group_names(names)
+        check_group_names(values.get('commands.groups') or ())
     except ValueError as error:
         raise ParameterError(str(error)) from error
     values = {**{spec.name: None for spec in PARAMETERS if spec.optional}, **values}
@@ -153,53 +209,94 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
                 f"parameter '{spec.name}' = '{value}' {spec.requirement()}")
         if spec.bounds is not None and not spec.bounds[0] <= value <= spec.bounds[1]:
             raise ParameterError(f"parameter '{spec.name}' = {value} {spec.requirement()}")
+    return values
+
+
+def _remote(values: Mapping[str, Any]) -> bool:
+    return values['inference'] == 'remote'
+
+
+def _remote_servers(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """remote.server, then the other remote.servers."""
+    return (values['remote.server'], *[s for s in values['remote.servers'] or () if s != values['remote.server']])
+
+
+def _device_rule(values: Mapping[str, Any]) -> None:
     _check_device(values['device'])
-    remote = values['inference'] == 'remote'
-    if remote and values['chunking.horizon'] == 0:
+
+
+def _remote_horizon_rule(values: Mapping[str, Any]) -> None:
+    if _remote(values) and values['chunking.horizon'] == 0:
         raise ParameterError(
             "inference 'remote' needs chunking.horizon > 0 (at most the server policy's chunk "
             'size): the node does not load the policy, so it cannot read the chunk size')
-    servers = (values['remote.server'], *[s for s in values['remote.servers'] or ()
-                                          if s != values['remote.server']])
-    for server in servers if remote else ():
+
+
+def _remote_servers_rule(values: Mapping[str, Any]) -> None:
+    """Each server a fully qualified node name, none listed twice."""
+    if not _remote(values):
+        return
+    servers = _remote_servers(values)
+    for server in servers:
         if not server.startswith('/'):
             name = 'remote.server' if server == values['remote.server'] else 'remote.servers'
             raise ParameterError(f"parameter '{name}' = '{server}' must be a "
                                  "fully qualified node name, e.g. '/vla_policy_server'")
-    if remote and len(set(servers)) != len(servers):
+    if len(set(servers)) != len(servers):
         raise ParameterError(f"parameter 'remote.servers' lists a server twice: {list(servers)}")
-    fleet_key = None
-    if remote and values['remote.fleet_key_file']:
-        try:
-            fleet_key = load_fleet_key(values['remote.fleet_key_file'])
-        except FleetKeyError as error:
-            raise ParameterError(f"parameter 'remote.fleet_key_file': {error}") from error
-    if not remote and not values['checkpoint'] and not values['allow_random_weights']:
-        raise ParameterError(
-            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
-            "'checkpoint' to your policy's folder (or allow_random_weights: true for plumbing "
-            'tests without a robot that can be hurt)')
-    cameras = tuple(values['camera_topics'])
-    names = tuple(values['camera_names'])
-    joints = tuple(values['joint_names'])
+
+
+def _random_weights_rule(values: Mapping[str, Any]) -> None:
+    if not _remote(values):
+        check_random_weights(values)
+
+
+def _names_rule(values: Mapping[str, Any]) -> None:
+    """Cameras, their names and the joints: non-empty, distinct, one camera name per topic."""
+    cameras, names = tuple(values['camera_topics']), tuple(values['camera_names'])
     _check_names('camera_topics', cameras)
     _check_names('camera_names', names)
-    _check_names('joint_names', joints)
+    _check_names('joint_names', tuple(values['joint_names']))
     if len(cameras) != len(names):
         raise ParameterError(
             f'camera_topics has {len(cameras)} entries but camera_names has {len(names)}; '
             'give one name per topic')
+
+
+def _topics_rule(values: Mapping[str, Any]) -> None:
     for key in ('instruction_topic', 'joint_states_topic', 'task_success_topic', 'command_topic'):
         if not values[key].strip():
             raise ParameterError(f"parameter '{key}' must not be empty")
         _check_topic(key, values[key])
-    for topic in cameras:
+    for topic in values['camera_topics']:
         _check_topic('camera_topics', topic)
+
+
+def _limits_per_joint_rule(values: Mapping[str, Any]) -> None:
+    joints = len(values['joint_names'])
     for key in ('limits.lower', 'limits.upper', 'limits.max_velocity'):
-        if len(values[key]) != len(joints):
+        if len(values[key]) != joints:
             raise ParameterError(
-                f"parameter '{key}' has {len(values[key])} entries, expected one per joint "
-                f'({len(joints)})')
+                f"parameter '{key}' has {len(values[key])} entries, expected one per joint ({joints})")
+
+
+# The cross-parameter rules, in the order they are checked (the first broken one is reported).
+CROSS_RULES = (_device_rule, _remote_horizon_rule, _remote_servers_rule, _random_weights_rule, _names_rule,
+               _topics_rule, _limits_per_joint_rule)
+
+
+def _fleet_key(path: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return load_fleet_key(path)
+    except FleetKeyError as error:
+        raise ParameterError(f"parameter 'remote.fleet_key_file': {error}") from error
+
+
+def _camera_transports(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """One transport per camera topic (one given: for all)."""
+    cameras = values['camera_topics']
     transports = tuple(values['camera_transports'])
     if len(transports) == 1:
         transports *= len(cameras)
@@ -208,80 +305,52 @@ def settings_from_values(values: Mapping[str, Any]) -> NodeSettings:
             f"parameter 'camera_transports' = {list(values['camera_transports'])} must give one "
             f"of {', '.join(CAMERA_TRANSPORTS)} for every camera topic ({len(cameras)}), or one "
             'for all')
+    return transports
+
+
+def _joint_map(values: Mapping[str, Any]) -> JointMap:
     try:
-        joint_map = JointMap.for_joints(len(joints), values['joint_units.scale'],
-                                        values['joint_units.offset'])
+        return JointMap.for_joints(len(values['joint_names']), values['joint_units.scale'],
+                                   values['joint_units.offset'])
     except ValueError as error:
         raise ParameterError(f'joint_units: {error}') from error
+
+
+def _command_groups(values: Mapping[str, Any]) -> tuple[CommandGroup, ...]:
     try:
-        groups = command_groups_from_values(values, joints)
+        return command_groups_from_values(values, tuple(values['joint_names']))
     except ValueError as error:
         raise ParameterError(str(error)) from error
+
+
+def _scheduler(values: Mapping[str, Any]) -> SchedulerConfig:
+    """Return the chunking.* values as the scheduler's config; horizon 1 stands for 0 (the policy's) until known."""
+    return SchedulerConfig(
+        control_rate_hz=values['control_rate_hz'], horizon=values['chunking.horizon'] or 1,
+        refill_threshold=values['chunking.refill_threshold'], blend=values['chunking.blend'],
+        blend_weight=values['chunking.blend_weight'], ensemble_decay=values['chunking.ensemble_decay'],
+        rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight'],
+        rtc_guidance=values['chunking.rtc_guidance'], execution_horizon=values['chunking.execution_horizon'])
+
+
+def _motion_limits(values: Mapping[str, Any]) -> MotionLimits:
+    """Return the joint limits; max_tracking_error one value >= 0 per joint or one for all (0: not checked)."""
+    joints = len(values['joint_names'])
     tracking = values['limits.max_tracking_error']
-    if tracking is not None and (len(tracking) not in (1, len(joints)) or not all(v >= 0.0 for v in tracking)):
+    if tracking is not None and (len(tracking) not in (1, joints) or not all(v >= 0.0 for v in tracking)):
         raise ParameterError(
             f"parameter 'limits.max_tracking_error' = {list(tracking)} must give one value >= 0 per joint "
-            f'({len(joints)}), or one for all (0: not checked)')
+            f'({joints}), or one for all (0: not checked)')
     try:
-        limits = MotionLimits(
+        return MotionLimits(
             lower=np.array(values['limits.lower'], dtype=np.float64),
             upper=np.array(values['limits.upper'], dtype=np.float64),
             max_velocity=np.array(values['limits.max_velocity'], dtype=np.float64),
             max_step=float(values['limits.max_step']),
             max_tracking_error=None if tracking is None else np.broadcast_to(
-                np.where(np.array(tracking, dtype=np.float64) > 0.0, tracking, np.inf), len(joints)))
+                np.where(np.array(tracking, dtype=np.float64) > 0.0, tracking, np.inf), joints))
     except SafetyError as error:
         raise ParameterError(f'invalid limits: {error}') from error
-    return NodeSettings(
-        checkpoint=values['checkpoint'],
-        allow_random_weights=values['allow_random_weights'],
-        checkpoint_root=values['checkpoint_root'],
-        device=values['device'],
-        dtype=values['dtype'],
-        cuda_graphs=values['cuda_graphs'],
-        torch_compile=values['compile'],
-        compile_cache_dir=values['compile_cache_dir'],
-        num_threads=values['num_threads'],
-        tiny_chunk_size=values['tiny_model.chunk_size'],
-        tiny_num_steps=values['tiny_model.num_steps'],
-        tiny_seed=values['tiny_model.seed'],
-        camera_topics=cameras,
-        camera_names=names,
-        instruction_topic=values['instruction_topic'],
-        task_success_topic=values['task_success_topic'],
-        joint_states_topic=values['joint_states_topic'],
-        joint_names=joints,
-        camera_transports=transports,
-        joint_map=joint_map,
-        command_groups=groups,
-        trajectory_velocities=values['trajectory_velocities'],
-        gripper_max_effort=values['gripper_max_effort'],
-        command_interface=values['command_interface'],
-        command_topic=values['command_topic'],
-        trajectory_points=values['trajectory_points'],
-        control_rate_hz=values['control_rate_hz'],
-        chunking=ChunkingSettings(
-            horizon=values['chunking.horizon'],
-            refill_threshold=values['chunking.refill_threshold'],
-            blend=values['chunking.blend'],
-            blend_weight=values['chunking.blend_weight'],
-            ensemble_decay=values['chunking.ensemble_decay'],
-            rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight'],
-            rtc_guidance=values['chunking.rtc_guidance'],
-            execution_horizon=values['chunking.execution_horizon']),
-        max_observation_age=values['max_observation_age'],
-        max_action_age=values['max_action_age'],
-        use_header_stamps=values['use_header_stamps'],
-        policy_deadline=values['policy_deadline'],
-        reset_on_instruction_change=values['reset_on_instruction_change'],
-        max_instruction_length=values['max_instruction_length'],
-        limits=limits,
-        diagnostics_period=values['diagnostics_period'],
-        inference=values['inference'],
-        remote_servers=servers,
-        remote_server_timeout=values['remote.server_timeout'],
-        remote_fleet_key=fleet_key,
-    )
 
 
 def declare_parameters(node: Node, arguments: Sequence[str] = ()) -> NodeSettings:
@@ -364,136 +433,3 @@ def current_values(node: Node) -> dict[str, Any]:
     for spec in command_group_specs(values['commands.groups'] or ()):
         values[spec.name] = node.get_parameter(spec.name).value
     return values
-
-
-# rcl's YAML rules for an unquoted scalar (rcl_yaml_param_parser get_value): these words are
-# booleans, then whatever strtol or strtod reads completely is an integer or a double.
-_YAML_BOOLS = {'y', 'yes', 'true', 'on', 'n', 'no', 'false', 'off'}
-_YAML_SPECIAL_DOUBLES = {'.nan', '.inf', '-.inf', '+.inf'}
-_ARRAY_TYPES = {
-    Parameter.Type.BOOL: Parameter.Type.BOOL_ARRAY,
-    Parameter.Type.INTEGER: Parameter.Type.INTEGER_ARRAY,
-    Parameter.Type.DOUBLE: Parameter.Type.DOUBLE_ARRAY,
-    Parameter.Type.STRING: Parameter.Type.STRING_ARRAY,
-}
-
-
-def check_override_sources(arguments: Sequence[str], node_name: str,
-                           specs: Sequence[ParamSpec] = PARAMETERS) -> None:
-    """
-    Type-check every value the parameter files and ``-p`` flags in ``arguments`` give.
-
-    rcl merges all sources before the node sees them, and when two sources give one name
-    values of different types it silently keeps the first (``control_rate_hz: "fast"`` in a
-    second file leaves the 20.0 of the first): the declared descriptors never see the bad
-    value. So the sources are read again here and any value whose YAML type is not the
-    declared one stops the start with the file and the value in the message. Names that are
-    not declared are left to the unknown-parameter check.
-    """
-    by_name = {spec.name: spec for spec in specs}
-    for source, name, node in _override_values(arguments, node_name):
-        spec = by_name.get(name)
-        if spec is None:
-            continue
-        kind = _yaml_type(node)
-        if kind != spec.type:
-            raise ParameterError(
-                f"parameter '{name}' {spec.requirement()}, but {source} gives "
-                f'{_describe_yaml(kind, node)}')
-
-
-def _override_values(arguments: Sequence[str],
-                     node_name: str) -> Iterator[tuple[str, str, yaml.Node]]:
-    """(source, parameter name, YAML value) of every override in the ROS arguments."""
-    ros_args = False
-    tokens = iter(arguments)
-    for token in tokens:
-        if token == '--ros-args':
-            ros_args = True
-        elif token == '--':
-            ros_args = False
-        elif ros_args and token == '--params-file':
-            path = next(tokens, '')
-            yield from _params_file_values(path, node_name)
-        elif ros_args and token in ('-p', '--param'):
-            assignment = next(tokens, '')
-            name, _, text = assignment.partition(':=')
-            target, _, name = name.rpartition(':')
-            if not target or _node_matches(target, node_name):
-                yield f'-p {assignment}', name, yaml.compose(text or "''")
-
-
-def read_params_file(path: str, node_name: str) -> dict[str, Any]:
-    """
-    Return the values a parameter file gives the node ``node_name`` (fully qualified).
-
-    Sections are matched as rcl matches them (``/**``, ``/ns/node``, ``node``, wildcards) and
-    applied in file order, later values winning; values are read as YAML, names flattened
-    (``limits: {max_step: 0.1}`` -> ``limits.max_step``). The one reader of parameter files
-    beside rcl: the type check of the start-up and ``vla_policy_replay`` both use it.
-    """
-    return {name: yaml.safe_load(yaml.serialize(node)) for _, name, node in _params_file_values(path, node_name)}
-
-
-def _params_file_values(path: str, node_name: str) -> Iterator[tuple[str, str, yaml.Node]]:
-    try:
-        with open(path, encoding='utf-8') as stream:
-            root = yaml.compose(stream)
-    except (OSError, yaml.YAMLError) as error:
-        raise ParameterError(f'cannot read parameter file {path}: {error}') from error
-    if not isinstance(root, yaml.MappingNode):
-        return
-    for key, section in root.value:
-        if not _node_matches(key.value, node_name) or not isinstance(section, yaml.MappingNode):
-            continue
-        for inner_key, tree in section.value:
-            if inner_key.value == 'ros__parameters':
-                for name, value in _flatten(tree, ''):
-                    yield path, name, value
-
-
-def _flatten(node: yaml.Node, prefix: str) -> Iterator[tuple[str, yaml.Node]]:
-    if not isinstance(node, yaml.MappingNode):
-        yield prefix[:-1], node
-        return
-    for key, value in node.value:
-        yield from _flatten(value, f'{prefix}{key.value}.')
-
-
-def _node_matches(pattern: str, node_name: str) -> bool:
-    """Match rcl's node-name wildcards: ``**`` any number of name tokens, ``*`` exactly one."""
-    pattern = pattern if pattern.startswith('/') else '/' + pattern
-    regex = re.escape(pattern).replace(r'/\*\*', '(/[^/]+)*').replace(r'\*', '[^/]+')
-    return re.fullmatch(regex, node_name) is not None
-
-
-def _yaml_type(node: yaml.Node) -> Parameter.Type:
-    if isinstance(node, yaml.SequenceNode):
-        kinds = {_yaml_type(item) for item in node.value}
-        if len(kinds) == 1 and next(iter(kinds)) in _ARRAY_TYPES:
-            return _ARRAY_TYPES[kinds.pop()]
-        return Parameter.Type.NOT_SET
-    if not isinstance(node, yaml.ScalarNode):
-        return Parameter.Type.NOT_SET
-    text = node.value
-    if node.style is not None:
-        return Parameter.Type.STRING
-    if text.lower() in _YAML_BOOLS:
-        return Parameter.Type.BOOL
-    if re.fullmatch(r'[-+]?[0-9]+', text.strip()):
-        return Parameter.Type.INTEGER
-    if text.lower() in _YAML_SPECIAL_DOUBLES:
-        return Parameter.Type.DOUBLE
-    try:
-        float(text)
-    except ValueError:
-        return Parameter.Type.STRING
-    return Parameter.Type.DOUBLE
-
-
-def _describe_yaml(kind: Parameter.Type, node: yaml.Node) -> str:
-    if kind == Parameter.Type.NOT_SET:
-        return 'a value of no single parameter type'
-    text = node.value if isinstance(node, yaml.ScalarNode) else '[...]'
-    article = 'an' if _type_name(kind)[0] in 'aeiou' else 'a'
-    return f'{article} {_type_name(kind)} ({text!r})'

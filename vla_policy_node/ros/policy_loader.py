@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from vla_policy_node.runtime.policy import error_summary, resolve_device
+from vla_policy_node.runtime.policy import resolve_device
+from vla_policy_node.runtime.warmup import error_summary
 from vla_policy_node.runtime.engine import PolicyRuntime, RuntimeConfig
 from vla_policy_node.loading import build_tiny_policy, load_policy
 from vla_policy_node.ros.params import PolicySettings
@@ -33,13 +34,14 @@ def feature_names(camera_names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name if name.startswith(prefix) else prefix + name for name in camera_names)
 
 
-def make_policy(settings: PolicySettings, info: Callable[[str], None],
-                warn: Callable[[str], None], batch_sizes: tuple[int, ...] = ()) -> Any:
+def make_policy(settings: PolicySettings, info: Callable[[str], None], warn: Callable[[str], None],
+                batch_sizes: tuple[int, ...] = (), horizon: int = 0, guided: bool = False) -> Any:
     """
     Build or load the policy, check it fits the configured cameras and joints, warm it up.
 
     ``batch_sizes``: the batch sizes CUDA graphs or compiled programs are built for in the
-    warm-up (a server's; empty: the warm-up observation's, one row).
+    warm-up (a server's; empty: the warm-up observation's, one row). ``horizon``: the actions
+    a chunk must hold (0: any); ``guided``: chunks are guided (RTC), which runs eager.
     """
     try:
         torch_device, fallback = resolve_device(settings.device)
@@ -49,43 +51,14 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
         warn(fallback)
     if settings.num_threads > 0:
         torch.set_num_threads(settings.num_threads)
-    cameras = feature_names(settings.camera_names)
-    joints = len(settings.joint_names)
-    try:
-        if settings.checkpoint:
-            roots = (settings.checkpoint_root,) if settings.checkpoint_root else ()
-            policy = load_policy(settings.checkpoint, device=torch_device, dtype=settings.dtype,
-                                 allowed_roots=roots)
-        else:
-            policy = build_tiny_policy(
-                camera_names=cameras, state_dim=joints, action_dim=joints,
-                chunk_size=settings.tiny_chunk_size, num_steps=settings.tiny_num_steps,
-                device=torch_device, dtype=settings.dtype, seed=settings.tiny_seed)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise PolicyLoadError(f'could not load the policy: {error}') from error
-    masked = sorted(set(policy.camera_names) - set(cameras))
-    if masked:
-        warn(f'the policy also expects cameras {masked}; no topic feeds them, so they are masked '
-             '(the policy acts without those views)')
-    unknown = sorted(set(cameras) - set(policy.camera_names))
-    if unknown:
-        raise PolicyLoadError(
-            f'camera_names {unknown} are not inputs of the policy '
-            f'(it has {list(policy.camera_names)})')
-    if policy.state_dim != joints or policy.action_dim != joints:
-        raise PolicyLoadError(
-            f'the policy has state_dim {policy.state_dim} and action_dim {policy.action_dim}, '
-            f'but joint_names has {joints} joints')
-    horizon = settings.chunking.horizon
-    if horizon > policy.chunk_size:
-        raise PolicyLoadError(
-            f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
+    policy = _build(settings, torch_device)
+    _check_fits(policy, settings, horizon, warn)
     # Graphs (CUDA only) and compiled code are specialised to the input shapes: 'longest'
     # padding is served by a few prompt lengths, a server's batches by a few sizes, all
     # captured or compiled (or loaded from the cache) in the warm-up, none mid-control.
     # Guided (rtc) sampling needs autograd and always runs eager, so compiling would buy nothing.
     compile_code = settings.torch_compile
-    if compile_code and settings.chunking.blend == 'rtc':
+    if compile_code and guided:
         warn("compile is off: with chunking.blend 'rtc' every chunk but an episode's first is guided (eager)")
         compile_code = False
     elif compile_code and settings.cuda_graphs and torch_device.type == 'cuda':
@@ -95,19 +68,7 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
     config = RuntimeConfig(
         cuda_graphs=settings.cuda_graphs, torch_compile=compile_code, batch_sizes=tuple(batch_sizes),
         compile_cache_dir=Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
-    runtime.configure(config)
-    try:
-        try:
-            policy.warmup(policy.dummy_observation())
-        except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
-            if not runtime.torch_compile:
-                raise
-            warn(f'compile failed, running eager: {error_summary(error)}')
-            runtime.configure(dataclasses.replace(config, torch_compile=False))
-            policy.warmup(policy.dummy_observation())
-    except (MemoryError, RuntimeError, ValueError) as error:     # the allocator's, a CUDA error, a bad shape
-        raise PolicyLoadError(f'the warm-up (one inference before commanding) failed: {error_summary(error)}') \
-            from error
+    _warm_up(policy, config, warn)
     if runtime.program_cache is not None:
         cache = runtime.program_cache
         info(f'compile cache {cache.root}: {cache.stats.loaded} programs loaded, {cache.stats.built} compiled '
@@ -121,6 +82,61 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None],
     info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else '')
          + built_shapes(runtime))
     return policy
+
+
+def _build(settings: PolicySettings, torch_device: torch.device) -> Any:
+    """Load the checkpoint, or build the tiny model with random weights when there is none."""
+    joints = len(settings.joint_names)
+    try:
+        if settings.checkpoint:
+            roots = (settings.checkpoint_root,) if settings.checkpoint_root else ()
+            return load_policy(settings.checkpoint, device=torch_device, dtype=settings.dtype, allowed_roots=roots)
+        return build_tiny_policy(
+            camera_names=feature_names(settings.camera_names), state_dim=joints, action_dim=joints,
+            chunk_size=settings.tiny_chunk_size, num_steps=settings.tiny_num_steps,
+            device=torch_device, dtype=settings.dtype, seed=settings.tiny_seed)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise PolicyLoadError(f'could not load the policy: {error}') from error
+
+
+def _check_fits(policy: Any, settings: PolicySettings, horizon: int, warn: Callable[[str], None]) -> None:
+    """Check the configured cameras are the policy's inputs, the joints its state and action, the horizon fits."""
+    cameras = feature_names(settings.camera_names)
+    joints = len(settings.joint_names)
+    masked = sorted(set(policy.camera_names) - set(cameras))
+    if masked:
+        warn(f'the policy also expects cameras {masked}; no topic feeds them, so they are masked '
+             '(the policy acts without those views)')
+    unknown = sorted(set(cameras) - set(policy.camera_names))
+    if unknown:
+        raise PolicyLoadError(
+            f'camera_names {unknown} are not inputs of the policy '
+            f'(it has {list(policy.camera_names)})')
+    if policy.state_dim != joints or policy.action_dim != joints:
+        raise PolicyLoadError(
+            f'the policy has state_dim {policy.state_dim} and action_dim {policy.action_dim}, '
+            f'but joint_names has {joints} joints')
+    if horizon > policy.chunk_size:
+        raise PolicyLoadError(
+            f'chunking.horizon {horizon} exceeds the policy chunk size {policy.chunk_size}')
+
+
+def _warm_up(policy: Any, config: RuntimeConfig, warn: Callable[[str], None]) -> None:
+    """Run one inference before commanding; compiled code that fails to build falls back to eager."""
+    runtime = policy.runtime
+    runtime.configure(config)
+    try:
+        try:
+            policy.warmup(policy.dummy_observation())
+        except Exception as error:  # noqa: B902 - the compiler fails in many ways (no toolchain, lowering)
+            if not runtime.torch_compile:
+                raise
+            warn(f'compile failed, running eager: {error_summary(error)}')
+            runtime.configure(dataclasses.replace(config, torch_compile=False))
+            policy.warmup(policy.dummy_observation())
+    except (MemoryError, RuntimeError, ValueError) as error:     # the allocator's, a CUDA error, a bad shape
+        raise PolicyLoadError(f'the warm-up (one inference before commanding) failed: {error_summary(error)}') \
+            from error
 
 
 def built_shapes(runtime: PolicyRuntime) -> str:

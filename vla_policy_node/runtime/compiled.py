@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -22,9 +22,7 @@ from vla_policy_node.model.flow import euler_integrate
 from vla_policy_node.model.prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
 from vla_policy_node.runtime.program_cache import ProgramCache
 from vla_policy_node.model.types import ModelInputs
-
-if TYPE_CHECKING:
-    from vla_policy_node.runtime.engine import FlowMatchingVLA
+from vla_policy_node.model.vla import FlowMatchingVLA
 
 
 def input_signature(inputs: ModelInputs, noise: Tensor) -> tuple:

@@ -3,7 +3,7 @@
 PolicyRuntime: observation -> one prefix pass -> read-only denoising -> action chunk.
 
 The runtime owns the prefix cache and the counters the node reports. A
-family model provides three methods (see ``FlowMatchingVLA``); the runtime
+family model provides three methods (see ``model/vla.py``); the runtime
 never looks inside them, so every family gets the same prefix-once guarantee.
 """
 
@@ -13,9 +13,10 @@ import dataclasses
 import hashlib
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from vla_policy_node.runtime.program_cache import (compiler_settings, device_kin
 from vla_policy_node.runtime.shape_buckets import (smallest_holding, with_batch_size, with_prompt_length,
                                                    without_shared_padding)
 from vla_policy_node.model.types import ModelInputs
+from vla_policy_node.model.vla import FlowMatchingVLA
 
 # Config fields only the preprocessor reads: the prompt and image shapes they lead to are in each
 # program's input signature, so they stay out of the program key, and a checkpoint saved with
@@ -59,23 +61,6 @@ class RuntimeConfig:
         if self.cuda_graphs and device.type == "cuda":
             return GRAPHS
         return COMPILED if self.torch_compile else EAGER
-
-
-class FlowMatchingVLA(Protocol):
-    """What a model family implements."""
-
-    num_cache_layers: int      # layers whose K/V the prefix pass caches
-    chunk_size: int
-    max_action_dim: int
-
-    def encode_prefix(self, inputs: ModelInputs, cache: VLAPrefixCache) -> PrefixContext:
-        """Run the VLM once over images, language (and state), filling ``cache``."""
-
-    def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
-        """Per-step constants of the fixed schedule (time embeddings), computed once."""
-
-    def velocity(self, x_t: Tensor, time_cond: Tensor, ctx: PrefixContext) -> Tensor:
-        """v(x_t, t) for x_t (B, T, max_action_dim) against the frozen prefix; float32 out."""
 
 
 @dataclass
@@ -110,7 +95,7 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 config: RuntimeConfig = RuntimeConfig()) -> None:
+                 config: RuntimeConfig = RuntimeConfig(), prompt_lengths: tuple[int, ...] = ()) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -123,7 +108,7 @@ class PolicyRuntime:
         self._compiled: dict[tuple, CompiledSample] = {}
         self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         # Shapes the graphs and programs are built for (see ``shape_buckets``); empty: each call's own.
-        self.prompt_lengths: tuple[int, ...] = ()   # 'longest' padding pads a prompt up to one of these
+        self.prompt_lengths = tuple(prompt_lengths)   # 'longest' padding pads a prompt up to one of these
         self._program_key: Optional[dict] = None
         self.configure(config)
 
@@ -135,6 +120,19 @@ class PolicyRuntime:
         self.program_cache: Optional[ProgramCache] = None   # opened at the first compile
         self._graphs.clear()
         self._compiled.clear()
+
+    def choose_path(self, path: str) -> None:
+        """Run unguided chunks on ``path`` from now on: the warm-up's verdict (COMPILED may step back to EAGER)."""
+        self.path = path
+
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        """Build graphs or programs for new input shapes inside the block (the warm-up); never after it."""
+        self.build_new_signatures = True
+        try:
+            yield
+        finally:
+            self.build_new_signatures = False
 
     @property
     def torch_compile(self) -> bool:

@@ -11,71 +11,40 @@ import numpy as np
 import torch
 from torch import nn
 
-from vla_policy_node.model.blocks import fuse_projections, pack_linears
 from vla_policy_node.control.chunking import RTCGuidance
 from vla_policy_node.model.flow import VelocityFn
 from vla_policy_node.model.normalization import Normalizer
-from vla_policy_node.model.preprocessing import Preprocessor
+from vla_policy_node.model.preprocessing import Preprocessor, stack_observations
 from vla_policy_node.model.relative_actions import RelativeActions
 from vla_policy_node.model.rtc import batch_rtc_guide, rtc_guided_velocity
-from vla_policy_node.runtime.engine import COMPILED, EAGER, PolicyRuntime
-from vla_policy_node.runtime.shape_buckets import prompt_buckets, with_batch_size, with_prompt_length
-from vla_policy_node.model.types import ModelInputs
+from vla_policy_node.runtime.devices import DEVICES, FLOAT_DTYPES, is_device_name
+from vla_policy_node.runtime.engine import PolicyRuntime
+from vla_policy_node.runtime.shape_buckets import prompt_buckets
+from vla_policy_node.runtime.warmup import warm_up
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPES}
 
 
 def resolve_device(name: str | torch.device) -> tuple[torch.device, Optional[str]]:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> device, plus a message when falling back to the CPU (a device: itself)."""
+    """One of DEVICES -> device, plus a message when falling back to the CPU (a device: itself)."""
     if isinstance(name, torch.device):
         return name, None
+    if not is_device_name(name):
+        raise ValueError(f"device must be {DEVICES}, got {name!r}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu"), None
     if name == "cpu":
         return torch.device("cpu"), None
-    if name == "cuda" or name.startswith("cuda:"):
-        index = int(name.split(":", 1)[1]) if ":" in name else 0
-        if torch.cuda.is_available() and index < torch.cuda.device_count():
-            return torch.device(name), None
-        return torch.device("cpu"), f"device {name!r} is not available (no CUDA GPU); running on the CPU"
-    raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
-
-
-def error_summary(error: BaseException, limit: int = 300) -> str:
-    """Return ``Type: first line of the message`` (at most ``limit`` characters): compiler errors run to pages."""
-    first = (str(error).strip().splitlines() or [""])[0][:limit]
-    return f"{type(error).__name__}: {first}"
+    index = int(name.split(":", 1)[1]) if ":" in name else 0
+    if torch.cuda.is_available() and index < torch.cuda.device_count():
+        return torch.device(name), None
+    return torch.device("cpu"), f"device {name!r} is not available (no CUDA GPU); running on the CPU"
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
-def stack_observations(observations: Sequence[Mapping]) -> dict:
-    """
-    Stack single observations into one batch: images (B, H, W, 3) per camera, state (B, D), tasks.
-
-    Raises ValueError when they do not give the same cameras with frames of one size.
-    """
-    cameras = set(observations[0].get("images") or {})
-    for index, observation in enumerate(observations):
-        if set(observation.get("images") or {}) != cameras:
-            raise ValueError(f"observation {index} has cameras {sorted(observation.get('images') or {})}, "
-                             f"the first {sorted(cameras)}: a batch needs the same cameras")
-    images = {}
-    for name in sorted(cameras):
-        frames = [np.asarray(observation["images"][name]) for observation in observations]
-        if len({frame.shape for frame in frames}) != 1:
-            raise ValueError(f"camera {name!r}: frames of different shapes {sorted({f.shape for f in frames})} "
-                             "cannot share a batch")
-        images[name] = np.stack(frames)
-    states = [np.asarray(observation.get("state"), dtype=np.float32) for observation in observations]
-    if len({state.shape for state in states}) != 1:
-        raise ValueError(f"states of different shapes {sorted({s.shape for s in states})} cannot share a batch")
-    tasks = [observation.get("task") for observation in observations]
-    return {"images": images, "state": np.stack(states), "task": tasks}
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(FLOAT_DTYPES)}, got {name!r}")
+    return TORCH_DTYPES[name]
 
 
 @contextlib.contextmanager
@@ -97,23 +66,24 @@ class Policy:
 
     def __init__(self, family: str, model: nn.Module, preprocessor: Preprocessor, action_normalizer: Normalizer,
                  action_dim: int, num_steps: int, device: torch.device, seed: int = 0,
-                 pack_weights: bool = True, relative_actions: Optional[RelativeActions] = None,
-                 provenance: str = "") -> None:
+                 relative_actions: Optional[RelativeActions] = None, provenance: str = "") -> None:
+        """
+        Wrap a final model (``loading.load.ready_model``: cast, fused, packed) and its preprocessor.
+
+        The preprocessor converts frames on ``device`` (they go up as uint8, resized where the model runs).
+        """
         self.family = family
         self.relative_actions = relative_actions             # None: the model predicts absolute actions
         self.provenance = provenance                         # which framework release wrote the checkpoint, and why
-        self.model = fuse_projections(model)                 # fewer matmuls; the weights are final here
-        if pack_weights:                                     # faster CPU matmuls, for a second copy of the weights
-            pack_linears(self.model)
+        self.model = model
         self.preprocessor = preprocessor
-        preprocessor.device = device                         # frames go up as uint8, resized where the model runs
         self.action_normalizer = action_normalizer
         self.action_dim = action_dim
         self.device = device
         self.dtype = next(model.parameters()).dtype
-        self.runtime = PolicyRuntime(model, num_steps, device)
-        if preprocessor.padding == "longest":             # built code serves a few prompt lengths
-            self.runtime.prompt_lengths = prompt_buckets(preprocessor.max_length)
+        # built code serves a few prompt lengths where prompts are padded to the longest
+        self.runtime = PolicyRuntime(model, num_steps, device, prompt_lengths=prompt_buckets(preprocessor.max_length)
+                                     if preprocessor.padding == "longest" else ())
         self.compile_report = ""                          # what the warm-up decided about compiled code
         self.build_report = ""                            # shapes the warm-up could not build, and why
         self.threads: Optional[int] = None                # CPU threads the warm-up chose (None: torch's setting)
@@ -227,164 +197,22 @@ class Policy:
 
     def warmup(self, observation: Mapping, iterations: int = 2, race_rounds: int = 3) -> None:
         """
-        Run inference on a representative observation before the node reports ready.
+        Run inference on a representative observation before the node reports ready (``runtime/warmup.py``).
 
-        The first calls pay for allocator growth, kernel selection and (on CUDA) graph
-        capture; they are not control steps, so the counters and latencies start afresh.
-        With CUDA graphs or compilation on, every bucket (``runtime.prompt_lengths`` times
-        ``runtime.batch_sizes``) is captured or compiled (or loaded from the cache) here, and
-        nothing is built after: a shape outside the buckets runs eager. On the CPU, eager
-        chunks race over thread counts (``threads_report``); with compilation on, compiled
-        chunks (at the configured thread count, which they were built for) then race the
-        eager ones at the thread count that won, alternating ``race_rounds`` times: where
-        compiled code is slower it is switched off, and ``compile_report`` says why. So
-        compiled code is kept only where it beats the best eager setting. Larger batch
-        sizes are built only after that, one at a time (``_grow_batch_buckets``), so a
-        model whose compiled code loses compiles one batch size, not all of them.
+        Builds what the runtime's configuration asks for, races thread counts and compiled
+        against eager code, and keeps the verdicts here (``threads`` and the reports).
         """
-        runtime = self.runtime
         self.threads, self.threads_report, self.build_report, self.compile_report = None, "", "", ""
-        building = runtime.path != EAGER
-        runtime.build_new_signatures = True
-        try:
-            if building:
-                inputs = self.preprocessor(observation).to(self.device, self.dtype)
-                noise = torch.randn((inputs.batch_size, self.model.chunk_size, self.model.max_action_dim),
-                                    generator=self.generator)
-                self._build_batch_size(inputs, noise, (runtime.batch_sizes or (inputs.batch_size,))[0])
-            for _ in range(iterations):
-                self.predict_action_chunk(observation)
-        finally:
-            runtime.build_new_signatures = False     # never build mid-control: a new shape runs eager
-        if self.device.type == "cpu" and race_rounds > 0:
-            self._race_threads(observation, race_rounds)
-        if runtime.path == COMPILED and race_rounds > 0:
-            self._race(observation, race_rounds)
-        if building and runtime.path != EAGER:
-            self._grow_batch_buckets(observation, inputs, noise, race_rounds if runtime.torch_compile else 0)
-        runtime.cache.reset()
-        self.stats.clear()
+        report = warm_up(self, observation, iterations, race_rounds)
+        self.threads, self.threads_report = report.threads, report.threads_report
+        self.build_report, self.compile_report = report.build_report, report.compile_report
 
-    def _build_batch_size(self, inputs: ModelInputs, noise: torch.Tensor, size: int) -> None:
-        """Capture or compile (or load) the programs of one batch size, one per prompt length."""
-        rows, rows_noise = with_batch_size(inputs, noise, size)
-        for length in self.runtime.prompt_lengths or (inputs.tokens.shape[1],):
-            self.runtime.sample(with_prompt_length(rows, length), rows_noise)
-
-    def _grow_batch_buckets(self, observation: Mapping, inputs: ModelInputs, noise: torch.Tensor,
-                            rounds: int) -> None:
-        """
-        Build the batch sizes above the first, one at a time, each raced against eager before the next.
-
-        On the CPU a compiled batch costs about its rows, so a bucket of 8 serving 5 robots
-        pays for 8: where that loses to eager at the fewest rows the bucket serves (5), the
-        bucket is dropped and no larger one is built; those batches run eager (``rounds`` 0:
-        no race, as for CUDA graphs). A compiled batch size whose build fails (out of memory,
-        say) is dropped the same way, and ``build_report`` says why. A failed CUDA graph
-        capture is raised, naming the batch size: torch does not promise a usable device
-        after one. The race needs a single warm-up observation, which it copies.
-        """
-        runtime = self.runtime
-        sizes = runtime.batch_sizes
-        verdicts = []
-        for index in range(1, len(sizes)):
-            size = sizes[index]
-            runtime.build_new_signatures = True
-            try:
-                self._build_batch_size(inputs, noise, size)
-            except Exception as error:  # noqa: B902 - the compiler and the allocator fail in many ways
-                reason = error_summary(error, 200)
-                if runtime.cuda_graphs_active:
-                    raise RuntimeError(f"capturing CUDA graphs for batch size {size} failed ({reason}); "
-                                       "lower batch.max_size") from error
-                runtime.keep_batch_sizes(sizes[:index])
-                self.build_report = (f"batches of {size} or more rows run eager: building batch size {size} "
-                                     f"failed: {reason}")
-                break
-            finally:
-                runtime.build_new_signatures = False
-            if rounds == 0 or inputs.batch_size != 1:
-                continue
-            rows = sizes[index - 1] + 1
-            # eager as it would run these rows: at the configured thread count, as compiled code won
-            fast, slow = self._time_compiled_against_eager(stack_observations([observation] * rows), rounds, None)
-            verdicts.append(f"{size} {'kept' if fast <= slow else 'dropped'} "
-                            f"({fast:.1f} vs {slow:.1f} ms at {rows} rows)")
-            if fast > slow:
-                runtime.keep_batch_sizes(sizes[:index])
-                break
-        if verdicts:
-            self.compile_report += ("; batch buckets, compiled (padded) vs eager: " + ", ".join(verdicts)
-                                    + ("" if runtime.batch_sizes == sizes else "; larger batches run eager"))
-
-    def _race(self, observation: Mapping, rounds: int) -> None:
-        """
-        Time compiled against eager chunks, alternating; keep compiled code only where it is not slower.
-
-        Eager runs at the thread count its own race kept (``self.threads``), compiled code at
-        the configured one; the winner's thread count is what the policy keeps.
-        """
-        runtime = self.runtime
-        eager_threads = self.threads
-        fast, slow = self._time_compiled_against_eager(observation, rounds, eager_threads)
-        runtime.path = COMPILED if fast <= slow else EAGER
-        self.threads = None if runtime.torch_compile else eager_threads
-        if runtime.torch_compile and eager_threads is not None:
-            self.threads_report += f"; compiled code won, running with {torch.get_num_threads()}"
-        eager = "eager" if eager_threads is None else f"eager with {eager_threads} thread(s)"
-        self.compile_report = (f"compiled {fast:.2f} ms vs {eager} {slow:.2f} ms per chunk (median of {rounds}, "
-                               f"measured in the warm-up): " + ("compiled code kept" if runtime.torch_compile
-                                                                else "compiled code refused, running eager"))
-
-    def _time_compiled_against_eager(self, observation: Mapping, rounds: int,
-                                     eager_threads: Optional[int]) -> tuple[float, float]:
-        """Return the median compiled and eager chunk times (ms), alternating ``rounds`` times."""
-        times: dict[str, list[float]] = {COMPILED: [], EAGER: []}
-        for _ in range(rounds):
-            for path, threads in ((COMPILED, None), (EAGER, eager_threads)):
-                if eager_threads is not None:
-                    self._timed_chunk(observation, path, threads)   # the first chunk after a thread switch pays for it
-                times[path].append(self._timed_chunk(observation, path, threads))
-        fast, slow = (float(np.median(times[p])) * 1e3 for p in (COMPILED, EAGER))
-        return fast, slow
-
-    def _timed_chunk(self, observation: Mapping, path: str, threads: Optional[int]) -> float:
+    def timed_chunk(self, observation: Mapping, path: str, threads: Optional[int]) -> float:
         """Return the seconds one unguided chunk takes on ``path`` with ``threads`` CPU threads (None: as set)."""
         with cpu_threads(threads):
             t0 = time.perf_counter()
             self._predict_with(observation, None, None, path)
             return time.perf_counter() - t0
-
-    def _race_threads(self, observation: Mapping, rounds: int) -> None:
-        """
-        Time eager chunks at 1, 2, 4, ... threads up to torch's setting, alternating; keep the fastest.
-
-        A small model's kernels can be too short to split, so that each OpenMP fork and
-        join costs more than the second core gives: the tiny SmolVLA with 3 cameras takes
-        17.2 ms per chunk with 1 thread, 21.6 ms with 2, yet at batch 4 41.2 and 33.7 ms.
-        Fewer threads are kept only when at least 5% faster. Compiled programs are built for
-        the configured thread count and race the winner afterwards (``_race``). Chunks over
-        0.5 s are compute-bound, where every thread pays: no race.
-        """
-        budget = torch.get_num_threads()
-        if budget == 1:
-            return
-        if self._timed_chunk(observation, EAGER, None) > 0.5:
-            return
-        counts = sorted({budget, *(2 ** k for k in range(budget.bit_length()) if 2 ** k < budget)})
-        times: dict[int, list[float]] = {n: [] for n in counts}
-        for _ in range(rounds):
-            for n in counts:
-                self._timed_chunk(observation, EAGER, n)          # the first chunk after a switch pays for it
-                times[n].append(self._timed_chunk(observation, EAGER, n))
-        ms = {n: float(np.median(t)) * 1e3 for n, t in times.items()}
-        best = min(counts, key=ms.__getitem__)
-        if ms[best] > 0.95 * ms[budget]:
-            best = budget
-        self.threads = best
-        self.threads_report = (f"CPU threads: {best} of {budget} kept; eager chunk "
-                               + ", ".join(f"{ms[n]:.2f} ms with {n}" for n in counts)
-                               + f" (median of {rounds}, measured in the warm-up)")
 
     def dummy_observation(self) -> dict:
         """Build a valid observation of this policy's shapes (grey frames, zero state)."""

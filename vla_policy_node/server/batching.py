@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from vla_policy_node.control.chunking import RTCGuidance
-from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED
+from vla_policy_node.control.inference import FAULT_NON_FINITE, FAULT_RAISED, WorkerThread
 
 SERVER_COUNTERS = ('requests', 'batches', 'superseded_requests', 'batch_faults', 'prefix_passes',
                    'refused_requests', 'answer_errors', 'expired_requests', 'budget_refusals')
@@ -52,10 +52,11 @@ TRIM_BYTES = 64 * MIB       # after a batch this large, free heap memory goes ba
 @dataclass(frozen=True)
 class ServedRequest:
     """
-    One robot's request, as the server received it.
+    One robot's request, as the server received it (and as the wire protocol decodes it).
 
     client: who queues it (one request per client waits: a newer one replaces it); reply_to:
-    what its answer must carry back (returned as it came, never interpreted here). observation:
+    what its answer must carry back (returned as it came, never interpreted here; on the wire
+    a ``ros.server.protocol.Reply``: the key, digest, joints and horizon). observation:
     images {camera: (H, W, 3) uint8}, state (D,), task. deadline: seconds its robot waits for
     the answer (None: no bound here). received_at: the server's clock on arrival and nbytes:
     the memory it holds (both set by ``submit``).
@@ -74,6 +75,8 @@ class ServedRequest:
 class ServedChunk:
     """
     The answer to one request: chunk (T, A) float32, or None with ``fault`` and ``error``.
+
+    Decoded from the wire (float64), its request carries only its ``reply_to``.
 
     queue_wait: seconds from arrival to the start of its batch; compute: seconds of the
     batch's policy call; batch_size: requests in that pass.
@@ -108,7 +111,7 @@ class BatchConfig:
             raise ValueError(f'max_queued_bytes must be >= 1 MiB, got {self.max_queued_bytes}')
 
 
-class BatchServer:
+class BatchServer(WorkerThread):
     """One thread that batches queued requests and hands each answer to ``on_chunk``."""
 
     def __init__(self, policy: Any, on_chunk: Callable[[ServedChunk], None], config: BatchConfig,
@@ -131,11 +134,6 @@ class BatchServer:
     def start(self) -> None:
         """Start serving."""
         self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        """Tell whether the serving thread runs."""
-        return self._thread.is_alive()
 
     def submit(self, request: ServedRequest) -> None:
         """Queue a request; it replaces one of the same client still waiting; past a bound the largest is refused."""
@@ -172,15 +170,6 @@ class BatchServer:
         self._counters['refused_requests'] += len(refused)
         self._counters['budget_refusals'] += len(refused)
         return refused
-
-    def stop(self, timeout: float) -> bool:
-        """Stop after the running batch; True when the thread has finished."""
-        with self._condition:
-            self._stopping = True
-            self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
 
     @property
     def queued(self) -> int:

@@ -4,7 +4,7 @@ Data-parallel training over worker processes on one machine, one CPU core each.
 
 The shipped policy's kernels are too narrow for two torch threads to split (two threads train
 it at most 1.25 times as fast as one), but two processes of one thread each compute two
-half-batches at once (1.8 times the samples per second, BENCHMARKS.md "Task success").
+half-batches at once (BENCHMARKS.md "Task success" has the steps per second of two workers).
 After each backward pass one all-reduce averages the gradients (and the loss), so every
 worker applies the same AdamW update and the weights stay identical without being sent.
 The workers meet through a file in a temporary folder and talk over gloo on the loopback

@@ -10,7 +10,7 @@ ar-mask [1, 1, 0, ..., 0]: the state token sees the prefix and itself; the actio
 tokens see the prefix, the state and each other. v = action_out_proj(final norm(last T tokens)).
 The state token depends only on the observation, so it is projected once per control step.
 
-Prompt (``pi0_prompt``): the task plus a trailing newline; BOS prepended, no EOS,
+Prompt (``model.preprocessing.newline_prompt``, as SmolVLA's): the task plus a trailing newline; BOS prepended, no EOS,
 right-padded with id 0 to ``tokenizer_max_length`` (LeRobot's tokenizer step).
 """
 
@@ -28,13 +28,8 @@ from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.families.paligemma import BACKBONE_FLOAT32, PaliGemmaFlowModel, PiConfig, backbone_key_rules
 
 
-def pi0_prompt(task: str) -> str:
-    """Build the text pi0 tokenizes: the task with a trailing newline (LeRobot's ``Pi0NewLineProcessor``)."""
-    return task if task.endswith("\n") else task + "\n"
-
-
 class Pi0(PaliGemmaFlowModel):
-    """pi0 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
+    """pi0 flow-matching policy network (implements ``model.vla.FlowMatchingVLA``)."""
 
     FLOAT32_MODULES = BACKBONE_FLOAT32 + ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp")
 

@@ -53,7 +53,7 @@ def pi05_prompt(task: str, normalized_state: np.ndarray, max_state_dim: int, pad
 
 
 class Pi05(PaliGemmaFlowModel):
-    """pi0.5 flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
+    """pi0.5 flow-matching policy network (implements ``model.vla.FlowMatchingVLA``)."""
 
     FLOAT32_MODULES = BACKBONE_FLOAT32 + ("action_in_proj", "action_out_proj", "time_mlp")
 

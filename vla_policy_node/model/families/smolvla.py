@@ -239,7 +239,7 @@ class Connector(nn.Module):
 
 
 class SmolVLA(nn.Module):
-    """SmolVLA flow-matching policy network (implements ``runtime.FlowMatchingVLA``)."""
+    """SmolVLA flow-matching policy network (implements ``model.vla.FlowMatchingVLA``)."""
 
     # Kept in float32 when the rest runs in bfloat16: norms, time/action MLPs, state projection.
     FLOAT32_MODULES = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in",

@@ -56,12 +56,13 @@ from rclpy.node import Node
 from rclpy.publisher import Publisher
 
 from vla_policy_node.control.chunking import ChunkRequest
-from vla_policy_node.control.inference import FAULT_LATE, InferenceResult
+from vla_policy_node.control.inference import DeadlineWorker, FAULT_LATE, InferenceResult
 from vla_policy_node.ros.qos import HEARTBEAT_QOS, REMOTE_FLEET_QOS, REMOTE_REQUEST_QOS
-from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, ChunkAnswer, CHUNKS_TOPIC, decode_chunk,
+from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_chunk,
                                                  decode_heartbeat, encode_request, HEARTBEAT_TOPIC, ProtocolError,
                                                  REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, seal, topic)
 from vla_policy_node.ros.server.senders import SENDER_KNOWN, ServerSenders, subscribe
+from vla_policy_node.server.batching import ServedChunk
 from vla_policy_node.server.fleet_key import request_digest
 from vla_policy_node.server.pool import rendezvous, ServerPool
 
@@ -82,8 +83,14 @@ class _Pending:
     digest: bytes = b''     # of the request's bytes on the wire
 
 
-class RemoteInference:
-    """Sends chunk requests to the live server of a pool and turns answers (or their absence) into results."""
+class RemoteInference(DeadlineWorker):
+    """
+    Sends chunk requests to the live server of a pool and turns answers (or their absence) into results.
+
+    Long on purpose: the loop's ``Inference`` contract, the two callbacks (heartbeats, answers) and the
+    deadline thread share one condition and one pending request; split, a reader could no longer follow
+    a request from its sending to its answer, its timeout or its server's loss in one place.
+    """
 
     def __init__(self, node: Node, servers: Sequence[str], joints: Sequence[str], clock: Callable[[], float],
                  deadline: float, log: Callable[[str], None], server_timeout: float = 0.5,
@@ -223,32 +230,9 @@ class RemoteInference:
             raise RuntimeError('bind a result receiver before starting remote inference')
         self._thread.start()
 
-    @property
-    def alive(self) -> bool:
-        """Tell whether the watcher runs."""
-        return self._thread.is_alive()
-
-    def stop(self, timeout: float) -> bool:
-        """Stop watching; an answer arriving later is dropped. True when the watcher ended."""
-        with self._condition:
-            self._stopping = True
-            self._pending, self._unsent = None, None
-            self._condition.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    @property
-    def deadline(self) -> float:
-        """Return the seconds an answer may take before the loop holds."""
-        with self._condition:
-            return self._deadline
-
-    @deadline.setter
-    def deadline(self, seconds: float) -> None:
-        with self._condition:
-            self._deadline = seconds
-            self._condition.notify()
+    def _on_stop(self) -> None:
+        """Forget the request in flight: an answer arriving after the stop is dropped."""
+        self._pending, self._unsent = None, None
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -321,19 +305,20 @@ class RemoteInference:
             return
         try:
             answer = decode_chunk(msg, self._fleet_key)
-            if answer.key.robot == self._robot:
+            reply = answer.request.reply_to
+            if reply.key.robot == self._robot:
                 self._check_shape(answer)
         except ProtocolError as error:
             with self._condition:
                 self._counters['remote_bad_answers'] += 1
             self._warn('bad answer', f'malformed answer from the policy server {server}: {error}')
             return
-        if answer.key.robot != self._robot:
+        if reply.key.robot != self._robot:
             return
         with self._condition:
             pending = self._pending
-            if (pending is None or pending.key != answer.key or pending.server != server
-                    or pending.digest != answer.digest or self._unsent is not None):
+            if (pending is None or pending.key != reply.key or pending.server != server
+                    or pending.digest != reply.digest or self._unsent is not None):
                 self._counters['remote_late_answers'] += 1
                 return
             self._pending = None
@@ -352,7 +337,7 @@ class RemoteInference:
             error=f'policy server {server}: {answer.error}' if answer.fault else '',
             duration=round_trip, finished_at=self._clock()))
 
-    def _check_shape(self, answer: ChunkAnswer) -> None:
+    def _check_shape(self, answer: ServedChunk) -> None:
         """Refuse a chunk other than the ``horizon`` x joints asked for (a huge one is never taken)."""
         if answer.chunk is not None and answer.chunk.shape != (self._horizon, len(self._joints)):
             raise ProtocolError(f'the chunk must be {self._horizon} steps x {len(self._joints)} actions '

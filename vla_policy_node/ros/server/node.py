@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import os
 import secrets
 import tempfile
@@ -51,17 +51,17 @@ from rclpy.node import Node
 from vla_policy_node.server.batching import BatchConfig, BatchServer, MIB, ServedChunk, ServedRequest
 from vla_policy_node.server.fleet_key import FleetKeyError, load_fleet_key, request_digest
 from vla_policy_node.server.sessions import SessionTable
-from vla_policy_node.control.inference import FAULT_RAISED
+from vla_policy_node.control.inference import FAULT_RAISED, POLICY_STAGES
 from vla_policy_node.runtime.shape_buckets import batch_buckets
 from vla_policy_node.ros.diagnostics import status_prefix
-from vla_policy_node.ros.params import ChunkingSettings, ParameterError, ParamSpec, PolicySettings, SPECS
+from vla_policy_node.ros.params import (check_random_weights, ParameterError, ParamSpec, policy_settings_fields,
+                                        PolicySettings, SPECS)
 from vla_policy_node.ros.policy_loader import make_policy
 from vla_policy_node.ros.process import run_until_signal
 from vla_policy_node.ros.qos import DIAGNOSTICS_QOS, HEARTBEAT_QOS, MAX_ROBOTS, REMOTE_FLEET_QOS
 from vla_policy_node.ros.server.protocol import (ANSWER_TYPE, CHUNKS_TOPIC, decode_request, decode_request_key,
                                                  encode_chunk, encode_heartbeat, HEARTBEAT_TOPIC, ProtocolError,
-                                                 REQUEST_TYPE, RequestKey, REQUESTS_TOPIC, seal, SignatureError,
-                                                 WireRequest)
+                                                 Reply, REQUEST_TYPE, REQUESTS_TOPIC, seal, SignatureError)
 from vla_policy_node.ros.server.senders import subscribe
 
 NODE_NAME = 'vla_policy_server'
@@ -85,8 +85,6 @@ SERVER_PARAMETERS = (
               'remote.fleet_key_file): only requests signed with it are served, answers and heartbeats '
               'are signed. Empty: no key.'),
 )
-NO_RTC = ChunkingSettings(horizon=0, refill_threshold=0.5, blend='latest', blend_weight=0.5,
-                          ensemble_decay=0.1, rtc_max_guidance_weight=10.0, rtc_guidance='paper')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +97,6 @@ class ServerSettings(PolicySettings):
     batch_max_queued_mib: int
     heartbeat_period: float
     fleet_key: bytes | None = field(default=None, repr=False)
-    chunking: ChunkingSettings = NO_RTC     # robots choose blending; compile stays allowed
 
 
 def declare_server_parameters(node: Node) -> ServerSettings:
@@ -116,10 +113,7 @@ def declare_server_parameters(node: Node) -> ServerSettings:
             raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}") from error
         if spec.choices and values[spec.name] not in spec.choices:
             raise ParameterError(f"parameter '{spec.name}' {spec.requirement()}")
-    if not values['checkpoint'] and not values['allow_random_weights']:
-        raise ParameterError(
-            "parameter 'checkpoint' is empty, which builds a model with RANDOM weights; set "
-            "'checkpoint' (or allow_random_weights: true for plumbing tests)")
+    check_random_weights(values)
     for name in ('camera_names', 'joint_names'):
         if not values[name] or len(set(values[name])) != len(values[name]):
             raise ParameterError(f"parameter '{name}' must list distinct names")
@@ -128,27 +122,10 @@ def declare_server_parameters(node: Node) -> ServerSettings:
     except FleetKeyError as error:
         raise ParameterError(f"parameter 'fleet_key_file': {error}") from error
     return ServerSettings(
-        checkpoint=values['checkpoint'], allow_random_weights=values['allow_random_weights'],
-        checkpoint_root=values['checkpoint_root'], device=values['device'],
-        dtype=values['dtype'], cuda_graphs=values['cuda_graphs'],
-        torch_compile=values['compile'], compile_cache_dir=values['compile_cache_dir'],
-        num_threads=values['num_threads'],
-        tiny_chunk_size=values['tiny_model.chunk_size'],
-        tiny_num_steps=values['tiny_model.num_steps'], tiny_seed=values['tiny_model.seed'],
-        camera_names=tuple(values['camera_names']), joint_names=tuple(values['joint_names']),
-        diagnostics_period=values['diagnostics_period'],
+        **policy_settings_fields(values), diagnostics_period=values['diagnostics_period'],
         batch_window=values['batch.window'], batch_max_size=values['batch.max_size'],
         batch_max_queued_mib=values['batch.max_queued_mib'], heartbeat_period=values['heartbeat_period'],
         fleet_key=fleet_key)
-
-
-@dataclass(frozen=True)
-class _Reply:
-    """What an answer must carry back: the request's key and digest, and the steps it asked for."""
-
-    key: RequestKey
-    digest: bytes
-    horizon: int
 
 
 class PolicyServerNode(Node):
@@ -203,7 +180,7 @@ class PolicyServerNode(Node):
         except ProtocolError as error:
             self._refuse(msg, None, f'malformed request: {error}', digest, sender)
             return
-        key = request.key
+        key = request.reply_to.key
         if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
             self._foreign_requests += 1
             self.get_logger().warning(
@@ -216,24 +193,24 @@ class PolicyServerNode(Node):
             return
         # One request waits per publisher: another's requests under this robot's name never replace its own.
         client = sender.hex() if sender else f'{key.robot}\0{key.session}'
-        self._server.submit(ServedRequest(client, _Reply(key, digest, request.horizon), request.observation,
-                                          request.rtc, request.deadline))
+        self._server.submit(replace(request, client=client, reply_to=replace(request.reply_to, digest=digest)))
 
-    def _mismatch(self, request: WireRequest) -> str | None:
+    def _mismatch(self, request: ServedRequest) -> str | None:
         """Why this server must not serve the request's robot, or None."""
         settings = self._settings
-        if request.joints != settings.joint_names:
-            return (f'the robot sends joints {list(request.joints)} but the server serves '
+        joints, key = request.reply_to.joints, request.reply_to.key
+        if joints != settings.joint_names:
+            return (f'the robot sends joints {list(joints)} but the server serves '
                     f'joint_names {list(settings.joint_names)} (same names, same order)')
         unknown = sorted(set(request.observation['images']) - set(settings.camera_names))
         if unknown:
             return f'cameras {unknown} are not in the server\'s camera_names {list(settings.camera_names)}'
         missing = sorted(set(settings.camera_names) - set(request.observation['images']))
-        if missing and self._sessions.note_once(request.key.robot, request.key.session):
-            self.get_logger().warning(f'{request.key.robot} sends no {missing}: served with them masked')
+        if missing and self._sessions.note_once(key.robot, key.session):
+            self.get_logger().warning(f'{key.robot} sends no {missing}: served with them masked')
         return None
 
-    def _refuse(self, msg: bytes, request: WireRequest | None, problem: str, digest: bytes,
+    def _refuse(self, msg: bytes, request: ServedRequest | None, problem: str, digest: bytes,
                 sender: bytes | None) -> None:
         """
         Count and log a refused request; answer it with the reason where its key can be read.
@@ -243,12 +220,12 @@ class PolicyServerNode(Node):
         self._bad_requests += 1
         self.get_logger().warning(f'request refused: {problem}', throttle_duration_sec=2.0)
         try:
-            key = request.key if request is not None else decode_request_key(msg)
+            key = request.reply_to.key if request is not None else decode_request_key(msg)
         except ProtocolError:
             return              # not even a key: nobody to answer
         if not self._sessions.admit(key.robot, key.session, (sender or b'').hex(), time.monotonic()):
             return
-        self._publish_answer(_Reply(key, digest, 0), None, FAULT_RAISED, f'request refused: {problem}')
+        self._publish_answer(Reply(key, digest), None, FAULT_RAISED, f'request refused: {problem}')
 
     def _answer(self, served: ServedChunk) -> None:
         reply, chunk, fault, error = served.request.reply_to, served.chunk, served.fault, served.error
@@ -258,7 +235,7 @@ class PolicyServerNode(Node):
         self._publish_answer(reply, None if chunk is None else chunk[:reply.horizon], fault, error,
                              served.queue_wait, served.compute, served.batch_size)
 
-    def _publish_answer(self, reply: _Reply, chunk: np.ndarray | None, fault: str | None, error: str,
+    def _publish_answer(self, reply: Reply, chunk: np.ndarray | None, fault: str | None, error: str,
                         queue_wait: float = 0.0, compute: float = 0.0, batch_size: int = 0) -> None:
         self._chunks.publish(seal(encode_chunk(reply.key, reply.digest, chunk, fault, error, queue_wait, compute,
                                                batch_size), self._settings.fleet_key))
@@ -278,7 +255,7 @@ class PolicyServerNode(Node):
                   'max_batch_size': stats['max_batch_size'],
                   'queue_wait_mean_ms': f"{stats['queue_wait'][0] * 1e3:.2f}",
                   'queue_wait_p95_ms': f"{stats['queue_wait'][1] * 1e3:.2f}"}
-        for stage in ('prefix', 'denoise', 'total'):
+        for stage in POLICY_STAGES:
             p50, p95 = policy.latency(stage)
             values[f'batch_{stage}_latency_p50_ms'] = f'{p50 * 1e3:.2f}'
             values[f'batch_{stage}_latency_p95_ms'] = f'{p95 * 1e3:.2f}'

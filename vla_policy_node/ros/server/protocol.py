@@ -33,11 +33,13 @@ sent nor read.
 
 This module is the only one that knows the layout: the ``encode_*`` functions build messages
 from plain values, the ``decode_*`` ones turn a message, or its serialized bytes, into the
-dataclasses below and check what the types cannot: the version, finite numbers, lengths that
-agree with the shapes they declare, image sizes and encodings, a camera named once. Anything
-else is a :class:`ProtocolError` naming the field, never an exception of the executor: the
-node and the robots subscribe to raw (serialized) messages, so bytes that are not the type
-(truncated, strings that are not UTF-8) are refused here too.
+types the batch server serves and answers with (``server.batching``: a request's key, joints
+and horizon in its :class:`Reply`; an answer's request carries only that) and check what the
+types cannot: the version, finite numbers, lengths that agree with the shapes they declare,
+image sizes and encodings, a camera named once. Anything else is a :class:`ProtocolError`
+naming the field, never an exception of the executor: the node and the robots subscribe to raw
+(serialized) messages, so bytes that are not the type (truncated, strings that are not UTF-8)
+are refused here too.
 
 Heartbeats: each server publishes a ``diagnostic_msgs/DiagnosticStatus`` on
 ``<server>/heartbeat`` every ``heartbeat_period`` seconds: ``name`` = the server's node name,
@@ -70,6 +72,7 @@ from vla_policy_interfaces.msg import RequestKey as KeyMsg, RTCGuidance as RTCMs
 
 from vla_policy_node.control.chunking import RTC_GUIDANCE, RTCGuidance
 from vla_policy_node.ros.conversions import ConversionError, image_to_rgb, rgb_to_image
+from vla_policy_node.server.batching import ServedChunk, ServedRequest
 from vla_policy_node.server.fleet_key import ANSWER, HEARTBEAT, REQUEST, sign, SIGNATURE_SIZE, verified
 
 VERSION = PolicyRequest.VERSION
@@ -105,29 +108,18 @@ class RequestKey:
 
 
 @dataclass(frozen=True)
-class WireRequest:
-    """A decoded request: its key, the robot's joint names, the observation and RTC guidance."""
+class Reply:
+    """
+    What a request says of itself, and its answer carries back: the :class:`ServedRequest`'s ``reply_to``.
+
+    digest: of the request's bytes (set by the server on arrival; an answer returns it);
+    joints: the robot's joint names; horizon: the steps the answer carries (0 in an answer).
+    """
 
     key: RequestKey
-    joints: tuple[str, ...]
-    observation: dict[str, Any]     # images {camera: (H, W, 3) uint8}, state (D,) float32, task
-    rtc: RTCGuidance | None
-    deadline: float | None = None   # seconds the robot waits for the answer
-    horizon: int = 1                # steps the answer carries
-
-
-@dataclass(frozen=True)
-class ChunkAnswer:
-    """A decoded answer: chunk (T, A) float64 or None with ``fault``; the server's timings."""
-
-    key: RequestKey
-    digest: bytes                   # of the request it answers
-    chunk: np.ndarray | None
-    fault: str | None
-    error: str
-    queue_wait: float
-    compute: float
-    batch_size: int
+    digest: bytes = b''
+    joints: tuple[str, ...] = ()
+    horizon: int = 0
 
 
 def topic(server: str, name: str) -> str:
@@ -252,7 +244,7 @@ def encode_request(key: RequestKey, joints: Sequence[str], observation: dict[str
     return msg
 
 
-def decode_request(msg: PolicyRequest | bytes, key: bytes | None = None) -> WireRequest:
+def decode_request(msg: PolicyRequest | bytes, key: bytes | None = None) -> ServedRequest:
     """Decode a request (a message or its serialized bytes); ProtocolError if malformed or, with a key, unsigned."""
     raw = bytes(msg) if isinstance(msg, (bytes, bytearray, memoryview)) else None
     return _decoded(lambda m: _decode_request(m, raw, key), msg, PolicyRequest)
@@ -276,7 +268,7 @@ def decode_request_key(msg: PolicyRequest | bytes) -> RequestKey:
         raise ProtocolError(f'no readable key: {type(error).__name__}') from error
 
 
-def _decode_request(msg: PolicyRequest, raw: bytes | None, fleet_key: bytes | None) -> WireRequest:
+def _decode_request(msg: PolicyRequest, raw: bytes | None, fleet_key: bytes | None) -> ServedRequest:
     if msg.version != VERSION:
         raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
     _check_signature(msg, raw, fleet_key)
@@ -310,7 +302,8 @@ def _decode_request(msg: PolicyRequest, raw: bytes | None, fleet_key: bytes | No
     if deadline < 0:
         raise ProtocolError('deadline must be 0 (none) or > 0 s')
     observation = {'images': images, 'state': state.astype(np.float32), 'task': task}
-    return WireRequest(key, joints, observation, rtc, deadline or None, int(msg.horizon))
+    return ServedRequest(key.robot, Reply(key, joints=joints, horizon=int(msg.horizon)), observation, rtc,
+                         deadline or None)
 
 
 def _decode_rtc(msg: RTCMsg) -> RTCGuidance:
@@ -338,13 +331,13 @@ def encode_chunk(key: RequestKey, digest: bytes, chunk: np.ndarray | None, fault
     return msg
 
 
-def decode_chunk(msg: ActionChunk | bytes, key: bytes | None = None) -> ChunkAnswer:
+def decode_chunk(msg: ActionChunk | bytes, key: bytes | None = None) -> ServedChunk:
     """Decode an answer (a message or its serialized bytes); ProtocolError if malformed or, with a key, unsigned."""
     raw = bytes(msg) if isinstance(msg, (bytes, bytearray, memoryview)) else None
     return _decoded(lambda m: _decode_chunk(m, raw, key), msg, ActionChunk)
 
 
-def _decode_chunk(msg: ActionChunk, raw: bytes | None, fleet_key: bytes | None) -> ChunkAnswer:
+def _decode_chunk(msg: ActionChunk, raw: bytes | None, fleet_key: bytes | None) -> ServedChunk:
     if msg.version != VERSION:
         raise ProtocolError(f'version must be {VERSION}, got {msg.version}')
     _check_signature(msg, raw, fleet_key)
@@ -358,9 +351,10 @@ def _decode_chunk(msg: ActionChunk, raw: bytes | None, fleet_key: bytes | None) 
     elif len(msg.actions) or msg.steps or msg.action_dim:
         raise ProtocolError(f'an answer with a fault ({fault!r}) must carry no chunk')
     batch_size = int(msg.batch_size)
-    return ChunkAnswer(key=key, digest=bytes(msg.request_digest), chunk=chunk, fault=fault,
-                       error=_text(msg.error, 'error', empty=True), queue_wait=_finite(msg.queue_wait, 'queue_wait'),
-                       compute=_finite(msg.compute, 'compute'), batch_size=batch_size)
+    request = ServedRequest(key.robot, Reply(key, bytes(msg.request_digest)), {}, None)
+    return ServedChunk(request=request, chunk=chunk, fault=fault, error=_text(msg.error, 'error', empty=True),
+                       queue_wait=_finite(msg.queue_wait, 'queue_wait'), compute=_finite(msg.compute, 'compute'),
+                       batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------- heartbeats
