@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write a synthetic episode for the node's parameter files."""
     import argparse
 
-    from vla_policy_node.replay.cli import settings_from_files
+    from vla_policy_node.replay.bag_replay import settings_from_files
 
     parser = argparse.ArgumentParser(description='Write a synthetic MCAP episode for vla-policy-replay.')
     parser.add_argument('output', help='the .mcap file to write')

@@ -151,7 +151,7 @@ def test_the_rtc_prefix_reaches_the_policy_in_training_units():
 def test_shipped_so101_config_maps_radians_to_lerobot_degrees_and_gripper_percent():
     from pathlib import Path
 
-    from vla_policy_node.replay.cli import settings_from_files
+    from vla_policy_node.replay.bag_replay import settings_from_files
     config = Path(__file__).resolve().parents[2] / 'config'
     settings = settings_from_files([str(config / 'default.yaml'), str(config / 'so101.yaml')],
                                    ['allow_random_weights:=true'])

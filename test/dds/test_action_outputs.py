@@ -420,7 +420,7 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     from vla_policy_interfaces.msg import Episode
 
     from vla_policy_node.replay.bag import read_messages
-    from vla_policy_node.replay.cli import replay, settings_from_files
+    from vla_policy_node.replay.bag_replay import replay, settings_from_files
 
     node, arm = system
     groups = tmp_path / 'groups.yaml'

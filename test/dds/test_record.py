@@ -37,7 +37,7 @@ from vla_policy_interfaces.msg import CommandGoal, Episode
 import yaml
 
 from vla_policy_node.replay.bag import read_messages
-from vla_policy_node.replay.cli import replay, settings_from_files
+from vla_policy_node.replay.bag_replay import replay, settings_from_files
 from vla_policy_node.ros.qos import COMMAND_GOALS_QOS, EPISODE_QOS
 
 pytestmark = pytest.mark.dds

@@ -23,7 +23,8 @@ from benchmarks.synthetic_bag import write_synthetic_episode
 from vla_policy_node.dataset.reader import Dataset
 from vla_policy_node.replay.bag import BagWriter, read_messages
 from vla_policy_node.replay.bag_export import export_bag, ExportError
-from vla_policy_node.replay.cli import main, settings_from_files
+from vla_policy_node.replay.bag_replay import settings_from_files
+from vla_policy_node.replay.cli import main
 
 FPS = 10
 

@@ -25,7 +25,8 @@ import yaml
 
 from benchmarks.synthetic_bag import write_synthetic_episode
 from vla_policy_node.replay.bag import read_messages, topic_types
-from vla_policy_node.replay.cli import main, replay, settings_from_files
+from vla_policy_node.replay.bag_replay import replay, settings_from_files
+from vla_policy_node.replay.cli import main
 
 
 @pytest.fixture(scope='module')
@@ -247,7 +248,7 @@ def test_a_broken_bag_ends_in_one_line_and_exit_1(fit_config, tmp_path, capsys, 
 
 
 def test_topics_resolve_in_the_namespace_the_bag_was_recorded_in():
-    from vla_policy_node.replay.cli import absolute
+    from vla_policy_node.replay.bag_replay import absolute
     assert absolute('camera/x') == '/camera/x' and absolute('~/x') == '/x'
     assert absolute('camera/x', '/arm') == '/arm/camera/x' and absolute('/joint_states', 'arm') == '/joint_states'
 
@@ -340,11 +341,11 @@ def test_hostile_command_goals_never_break_the_replay_bookkeeping(events):
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
     from vla_policy_interfaces.msg import CommandGoal
 
-    from vla_policy_node.replay.cli import _Recorder
+    from vla_policy_node.replay.bag_replay import RecordedInputs
     settings = settings_from_files([str(DEFAULT_CONFIG)], [f'{k}:={json.dumps(v)}' for k, v in {
         'commands.groups': GOAL_GROUPS['commands']['groups'], 'allow_random_weights': True,
         **{f'commands.{g}.{f}': v for g in ('arm', 'gripper') for f, v in GOAL_GROUPS['commands'][g].items()}}.items()])
-    inputs = _Recorder(settings)
+    inputs = RecordedInputs(settings)
     for event, group, positions, names in events:
         trajectory = JointTrajectory(joint_names=names, points=[JointTrajectoryPoint(positions=positions)])
         inputs.on_goal(CommandGoal(event=event, group=group, trajectory=trajectory), 0.0)

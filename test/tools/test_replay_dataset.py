@@ -20,7 +20,8 @@ from ros_harness import DEFAULT_CONFIG
 import yaml
 
 from vla_policy_node.dataset.reader import Dataset, DatasetError
-from vla_policy_node.replay.cli import main, settings_from_files
+from vla_policy_node.replay.bag_replay import settings_from_files
+from vla_policy_node.replay.cli import main
 from vla_policy_node.replay.dataset_replay import replay_dataset
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ import numpy as np
 
 from vla_policy_node.dataset.writer import CODECS, DatasetWriter
 from vla_policy_node.replay.bag import read_messages, topic_types
-from vla_policy_node.replay.cli import _Recorder, _Topics, NODE_NAME
+from vla_policy_node.replay.bag_replay import NODE_NAME, NodeTopics, RecordedInputs
 
 
 class ExportError(ValueError):
@@ -39,11 +39,11 @@ class ExportError(ValueError):
 class _Sampler:
     """The inputs as the node keeps them, sampled every 1 / fps into the writer's episodes."""
 
-    def __init__(self, settings: Any, topics: _Topics, fps: int, gap: float, leader: str | None,
+    def __init__(self, settings: Any, topics: NodeTopics, fps: int, gap: float, leader: str | None,
                  writer: DatasetWriter) -> None:
         self.settings, self.topics, self.fps, self.gap, self.leader = settings, topics, fps, gap, leader
         self.writer = writer
-        self.inputs = _Recorder(settings)
+        self.inputs = RecordedInputs(settings)
         self.joints = {name: i for i, name in enumerate(settings.joint_names)}
         self.leader_positions = np.full(len(settings.joint_names), np.nan)
         self.frame_times: dict[str, float] = {}
@@ -119,7 +119,7 @@ def export_bag(bag: str, settings: Any, output: str | Path, fps: float | None = 
         raise ExportError(f'codec {codec!r}: one of {sorted(CODECS)}')
     if Path(output).exists():
         raise ExportError(f'{output} exists: give a new folder')
-    topics = _Topics.of(settings, namespace, node)
+    topics = NodeTopics.of(settings, namespace, node)
     _check_topics(bag, topics, leader)
     names = [f'{joint}.pos' for joint in settings.joint_names]
     with DatasetWriter(output, int(fps), names, names, robot_type, codec) as writer:
@@ -140,7 +140,7 @@ def export_bag(bag: str, settings: Any, output: str | Path, fps: float | None = 
     return sampler.episodes
 
 
-def _check_topics(bag: str, topics: _Topics, leader: str | None) -> None:
+def _check_topics(bag: str, topics: NodeTopics, leader: str | None) -> None:
     present = topic_types(bag)
     missing = [t for t in [*topics.cameras, topics.joints] if t not in present]
     if leader is not None and leader not in present:

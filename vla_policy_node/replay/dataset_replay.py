@@ -88,7 +88,7 @@ class DatasetReplay:
 
     def as_bag_replay(self) -> Any:
         """Return the episodes end to end in ROS units as a bag replay's result (for its plot)."""
-        from vla_policy_node.replay.cli import Replay
+        from vla_policy_node.replay.bag_replay import Replay
         offsets = np.cumsum([0] + [len(e.recorded) for e in self.episodes])
         rows = np.concatenate([offset + e.rows_frame for offset, e in zip(offsets, self.episodes)])
         predicted = self.joint_map.action_to_ros(np.concatenate([e.predicted for e in self.episodes]))
@@ -133,7 +133,7 @@ def replay_dataset(dataset: Dataset, settings: Any, policy: Any, episodes: Seque
                    period: int | None = None) -> DatasetReplay:
     """Run ``policy`` open loop over ``episodes`` (default: all) of ``dataset``; ``period`` in frames."""
     check_fit(dataset, settings)
-    horizon = settings.chunking.horizon or policy.chunk_size
+    horizon = settings.horizon or policy.chunk_size
     period = period or horizon
     wanted = check_episodes(dataset, episodes)
     return DatasetReplay(str(dataset.root), dataset.fps, tuple(settings.joint_names), settings.joint_map,
@@ -181,5 +181,5 @@ def report(result: DatasetReplay, json_path: str | None, plot_path: str | None) 
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
     if plot_path:
-        from vla_policy_node.replay.cli import plot
+        from vla_policy_node.replay.bag_replay import plot
         plot(result.as_bag_replay(), plot_path)

@@ -49,7 +49,7 @@ from std_msgs.msg import Float64MultiArray, Header, String
 from trajectory_msgs.msg import JointTrajectory
 from vla_policy_interfaces.msg import CommandGoal, Episode
 
-from vla_policy_node.replay.cli import settings_from_files
+from vla_policy_node.replay.bag_replay import settings_from_files
 from vla_policy_node.replay.recording import Recording
 from vla_policy_node.replay.recording_bag import RecordingBag
 from vla_policy_node.ros.command_groups import ACTION_INTERFACES

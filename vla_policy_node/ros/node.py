@@ -109,6 +109,20 @@ def model_description(settings: NodeSettings, policy: Any, server: str | None = 
     return f'{policy.family} model with RANDOM weights (no checkpoint)'
 
 
+def uses_sim_time(node: Node) -> bool:
+    """Tell whether the node runs on /clock (a simulator in lockstep)."""
+    return bool(node.get_parameter('use_sim_time').value)
+
+
+def stopped_line(status: diagnostics.NodeStatus, held: bool) -> str:
+    """Return the node's last log line: what it did, and its total latency."""
+    total = status.latencies.get('total', (float('nan'),) * 2)
+    return ('stopped{}: control_steps={control_steps} prefix_passes={prefix_passes} '
+            'commands_published={commands_published} holds_published={holds_published} '
+            'total latency p50={p50:.1f} ms p95={p95:.1f} ms').format(
+        ' after publishing a hold' if held else '', p50=total[0] * 1e3, p95=total[1] * 1e3, **status.counters)
+
+
 class PolicyWiring:
     """
     The node's wiring, shared by the plain node and the lifecycle node (ros/lifecycle_node.py).
@@ -164,24 +178,16 @@ class PolicyWiring:
             loop_settings(settings), scheduler_config(settings, horizon),
             inference, self._publish, self._log,
             on_chunk_ready=self._chunk_ready.trigger, envelope=self._envelope)
-        answers = self._tick_answers
-        if answers is not None:         # a tick waiting for its chunk is answered once the loop has it
-
-            def take(result: Any) -> None:
-                loop.on_inference_result(result)
-                answers.result_in()
-            inference.bind(take)
+        if self._tick_answers is not None:
+            self._tick_answers.follow(loop, inference)
         return loop
-
-    def _sim_time(self) -> bool:
-        return bool(self.get_parameter('use_sim_time').value)
 
     def _make_inference(self) -> tuple[Any, InferenceWorker | RemoteInference]:
         """Return (the policy, its inference thread), or (None, the remote server's client)."""
         settings = self._settings
         if settings.inference == 'remote':
             return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
-                                         remote_deadline(settings, self._sim_time()),
+                                         remote_deadline(settings, uses_sim_time(self)),
                                          self.get_logger().warning, settings.remote_server_timeout,
                                          self.get_logger().info, settings.horizon,
                                          settings.remote_fleet_key)
@@ -199,7 +205,7 @@ class PolicyWiring:
         # Set by the inference thread when a chunk ends a hold: the executor then commands at
         # once and re-phases the timer, instead of leaving the robot still until the next tick.
         self._chunk_ready = self.create_guard_condition(self._on_chunk_ready)
-        if self._sim_time():
+        if uses_sim_time(self):
             self._tick_answers = TickAnswers(self, lambda: self._worker.busy)
         self._loop = self._make_loop()
         self._check_command_topic()
@@ -368,7 +374,7 @@ class PolicyWiring:
             return
         self._settings = settings
         if isinstance(self._worker, RemoteInference):
-            self._worker.deadline = remote_deadline(settings, self._sim_time())
+            self._worker.deadline = remote_deadline(settings, uses_sim_time(self))
         elif self._worker is not None:
             self._worker.deadline = settings.policy_deadline
 
@@ -414,14 +420,7 @@ class PolicyWiring:
         if held:
             self._outputs.wait_for_all_acked(1.0)
         finished = self._worker.stop(timeout=2.0)
-        status = self.status()
-        total = status.latencies.get('total', (float('nan'),) * 2)
-        self.get_logger().info(
-            'stopped{}: control_steps={control_steps} prefix_passes={prefix_passes} '
-            'commands_published={commands_published} holds_published={holds_published} '
-            'total latency p50={p50:.1f} ms p95={p95:.1f} ms'.format(
-                ' after publishing a hold' if held else '', p50=total[0] * 1e3,
-                p95=total[1] * 1e3, **status.counters))
+        self.get_logger().info(stopped_line(self.status(), held))
         return finished
 
 

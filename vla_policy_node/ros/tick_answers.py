@@ -15,6 +15,7 @@ then steps on after a wall-clock bound and says so).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from builtin_interfaces.msg import Time
 from rclpy.node import Node
@@ -37,6 +38,13 @@ class TickAnswers:
         """Answer the tick that just ran, now or once its chunk is in (the executor's thread)."""
         self._pending = self._node.get_clock().now().to_msg()
         self._flush()
+
+    def follow(self, loop: Any, inference: Any) -> None:
+        """Answer a tick waiting for its chunk once ``loop`` has it: ``inference``'s results pass through here."""
+        def take(result: Any) -> None:
+            loop.on_inference_result(result)
+            self.result_in()
+        inference.bind(take)
 
     def result_in(self) -> None:
         """Note that the inference handed a result over (any thread): a waiting tick is answered."""

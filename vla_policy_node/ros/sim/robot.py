@@ -88,7 +88,7 @@ class SimRobot(Node):
     """
     The simulated arm, its camera and the episode loop.
 
-    Over 300 lines: the controllers, the sensors, the clock and the episodes all read and
+    Long (over 300 lines): the controllers, the sensors, the clock and the episodes all read and
     step the one simulation (physics, followers, phase), as a robot driver with ros2_control does.
     """
 
