@@ -15,7 +15,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
 from vla_policy_node.model import packed_linear
-from vla_policy_node.model.blocks import packing_targets
+from vla_policy_node.model.blocks import copies_hidden, packing_targets
 from vla_policy_node.runtime.policy import Policy
 from vla_policy_node.model.prefix_cache import VLAPrefixCache
 from vla_policy_node.model.types import ModelInputs
@@ -73,17 +73,9 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-@contextlib.contextmanager
-def unpacked(model: torch.nn.Module) -> Iterator[None]:
+def unpacked(model: torch.nn.Module) -> contextlib.AbstractContextManager:
     """Hide the packed weights (the plain ``F.linear`` path runs): ``FlopCounterMode`` does not count oneDNN's."""
-    hidden = [(m, a, getattr(m, a)) for m, a, _ in packing_targets(model) if getattr(m, a, None) is not None]
-    for m, a, _ in hidden:
-        setattr(m, a, None)
-    try:
-        yield
-    finally:
-        for m, a, t in hidden:
-            setattr(m, a, t)
+    return copies_hidden(model)
 
 
 def tensor_bytes(model: torch.nn.Module) -> dict[str, int]:

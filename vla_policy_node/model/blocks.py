@@ -8,9 +8,10 @@ Parameter names follow the Hugging Face / LeRobot checkpoints (``self_attn.q_pro
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +143,19 @@ def packing_targets(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
             covered |= {id(module.q_proj), id(module.k_proj), id(module.v_proj)}
     targets += [(m, "packed", m.weight) for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in covered]
     return targets
+
+
+@contextlib.contextmanager
+def copies_hidden(model: nn.Module, which: Callable[[Any], bool] = lambda copy: True) -> Iterator[None]:
+    """Hide the packed (or int8) weight copies ``which`` picks while the block runs: the plain matmul path runs."""
+    hidden = [(m, a, c) for m, a, _ in packing_targets(model) if (c := getattr(m, a, None)) is not None and which(c)]
+    for m, a, _ in hidden:
+        setattr(m, a, None)
+    try:
+        yield
+    finally:
+        for m, a, c in hidden:
+            setattr(m, a, c)
 
 
 def pack_linears(model: nn.Module) -> nn.Module:

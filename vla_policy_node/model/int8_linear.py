@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from vla_policy_node.model import packed_linear
-from vla_policy_node.model.blocks import packing_targets
+from vla_policy_node.model.blocks import copies_hidden, packing_targets
 
 ENGINE = "x86"     # fbgemm for linear layers on every x86 CPU with AVX2
 
@@ -68,20 +68,11 @@ def quantize_linears(model: nn.Module) -> int:
     return count
 
 
-@contextlib.contextmanager
-def hidden(model: nn.Module) -> Iterator[None]:
+def hidden(model: nn.Module) -> contextlib.AbstractContextManager:
     """
     Hide the int8 prepacked weights (the float path runs) while ``torch.export`` traces ``model``.
 
     Export cannot carry fbgemm's packed objects; compiled programs take the float32 weights.
     A model without int8 weights is left as it is.
     """
-    slots = [(m, a, t) for m, a, _ in packing_targets(model)
-             if (t := getattr(m, a, None)) is not None and not isinstance(t, Tensor)]
-    for m, a, _ in slots:
-        setattr(m, a, None)
-    try:
-        yield
-    finally:
-        for m, a, t in slots:
-            setattr(m, a, t)
+    return copies_hidden(model, lambda copy: not isinstance(copy, Tensor))
