@@ -437,7 +437,11 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     try:
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
         assert client.wait_for_server(timeout_sec=10.0)
-        time.sleep(1.0)                                 # the first task's goals, before the action's
+        # The first task's goals, before the action's: some of each group's, once the recorder is there.
+        seen = len(arm.records)
+        assert wait_until(lambda: all(sum(r.event == CommandGoal.SENT and r.group == group
+                                          for r in list(arm.records)[seen:]) >= 5 for group in ('arm', 'gripper')),
+                          10.0), 'goals of both groups before the task goal'
         goal = RunInstruction.Goal(instruction='touch the cube', time_limit=2.0,
                                    time_limit_mode=RunInstruction.Goal.DURATION)
         sent = client.send_goal_async(goal)
