@@ -46,7 +46,7 @@ def test_an_unreadable_file_is_one_clear_error(tmp_path):
 
 
 def test_a_value_of_the_wrong_type_in_a_later_file_is_refused_by_name(tmp_path):
-    """rcl would keep the first file's 20.0 and never show the node the string: checked before it merges."""
+    """Without the check rcl would keep the first file's 20.0 and never show the node the string."""
     first, second = tmp_path / 'a.yaml', tmp_path / 'b.yaml'
     first.write_text('/**:\n  ros__parameters:\n    control_rate_hz: 20.0\n')
     second.write_text('/**:\n  ros__parameters:\n    control_rate_hz: fast\n')
