@@ -54,6 +54,7 @@ MAX_STEP = CONFIG['limits']['max_step']
 # 2-core machine a goal may start that lag away from the moving joints, never a walk (the fault this
 # tests reached 2.0 rad): no goal starts further than the default tracking tolerance.
 WALK = 0.5
+RECORDER = 'vla_policy_recorder'            # vla-policy-record's node, the name of its /diagnostics status
 ARM_ACTION = '/arm_controller/follow_joint_trajectory'
 GRIPPER_ACTION = '/gripper_controller/gripper_cmd'
 GROUP_ARGS = ('-p', 'commands.groups:=[arm, gripper]', '-p', f'commands.arm.joints:={ARM}'.replace("'", ''),
@@ -103,6 +104,7 @@ class ModelArm:
         self.ran: list[tuple[str, float, np.ndarray, np.ndarray, np.ndarray]] = []
         self.received: list[tuple[float, str]] = []                      # (time, mode) of every arm goal request
         self.diagnostics: dict = {}
+        self.recorder: dict = {}                                         # vla-policy-record's newest status
         self.records: list[CommandGoal] = []
         self._lock = threading.Lock()
         self._active: dict[str, Running] = {}
@@ -267,10 +269,19 @@ class ModelArm:
             if name.endswith(': policy'):
                 with self._lock:
                     self.diagnostics = values
+            elif name.startswith(f'{RECORDER}: '):
+                with self._lock:
+                    self.recorder = values
 
     def counter(self, key: str) -> int:
         with self._lock:
             return int(self.diagnostics.get(key, 0))
+
+    def recording_every_stream(self) -> bool:
+        """Whether vla-policy-record said on /diagnostics that it received messages of every stream it records."""
+        with self._lock:
+            received = [int(value) for key, value in self.recorder.items() if key.endswith(' received')]
+        return bool(received) and min(received) > 0
 
     def state(self) -> str:
         with self._lock:
@@ -437,9 +448,12 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     try:
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
         assert client.wait_for_server(timeout_sec=10.0)
-        # The first task's goals, before the action's: some of each group's, once the recorder is there
-        # (its subscriptions match after it says so; on the loaded suite machine that took over a second).
-        time.sleep(3.0)
+        # The recorder says 'recording' once it subscribed; its readers match the node's writers later (over 3 s
+        # on the loaded suite machine). What was published before is not its to record: the volatile goals are
+        # lost to it, and the latched instruction and episode arrive (stamped) late, after a task goal sent
+        # meanwhile. So the task goal waits until the recorder's own counts show it receives every stream,
+        # then for goals of both groups it recorded: the first task's, before the action's.
+        assert wait_until(arm.recording_every_stream, 30.0), (arm.recorder, recorder.output)
         seen = len(arm.records)
         assert wait_until(lambda: all(sum(r.event == CommandGoal.SENT and r.group == group
                                           for r in list(arm.records)[seen:]) >= 5 for group in ('arm', 'gripper')),
@@ -479,5 +493,11 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     episodes = export_bag(str(bag), settings, tmp_path / 'dataset', fps=10)
     dataset = Dataset(tmp_path / 'dataset')
     assert {'touch the cube', 'pick up the cube'} <= set(dataset.tasks.values()), episodes
+    # The first task's frames, then the goal's 2 s (20 frames at 10 fps) under its own task: none relabelled.
+    tasks = [task for task, _ in episodes]
+    touch = tasks.index('touch the cube')
+    assert tasks[:touch] and set(tasks[:touch]) == {'pick up the cube'} and set(tasks[touch:]) == {'touch the cube'}, (
+        episodes)
+    assert sum(frames for task, frames in episodes[touch:]) >= 15, episodes
     data = dataset.episode(next(e.index for e in dataset.episodes if e.tasks == ('touch the cube',)))
     assert data.actions.shape[1] == len(settings.joint_names) and np.all(np.isfinite(data.actions))
