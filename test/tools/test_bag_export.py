@@ -23,7 +23,7 @@ from benchmarks.synthetic_bag import write_synthetic_episode
 from vla_policy_node.dataset.reader import Dataset
 from vla_policy_node.replay.bag import BagWriter, read_messages
 from vla_policy_node.replay.bag_export import export_bag, ExportError
-from vla_policy_node.replay.bag_replay import settings_from_files
+from vla_policy_node.replay.bag_replay import replay, settings_from_files
 from vla_policy_node.replay.cli import main
 
 FPS = 10
@@ -175,3 +175,56 @@ def test_the_command_line_exports_and_refuses_in_one_line(setup, tmp_path, capsy
         'video.codec'] == 'av1'
     assert main([*args, '--export-dataset', str(tmp_path / 'ds')]) == 1
     assert capsys.readouterr().err.strip().endswith('exists: give a new folder')
+
+
+class TaskPolicy:
+    """Answers zeros and notes the task of every observation."""
+
+    chunk_size = 4
+
+    def __init__(self) -> None:
+        self.tasks = []
+
+    def predict_action_chunk(self, observation):
+        self.tasks.append(observation['task'])
+        return np.zeros((1, self.chunk_size, 6), np.float32)
+
+
+def test_an_old_latched_instruction_received_after_the_goals_episode_never_labels_its_frames(setup, tmp_path):
+    """
+    A recorder started mid-goal receives the instruction latched before the goal after the goal's episode.
+
+    The episode, published 1 s before the recording, arrives at 0.3 s, the instruction latched a minute before it
+    at 0.6 s. Both apply from the start, in the order published: every frame is the goal's.
+    """
+    from mcap.reader import make_reader
+    from rclpy.serialization import deserialize_message
+    from std_msgs.msg import String
+    from vla_policy_interfaces.msg import Episode
+    settings, _, _ = setup
+    source, late = tmp_path / 'one.mcap', tmp_path / 'late.mcap'
+    write_synthetic_episode(source, settings, seconds=2.0, image_size=(24, 32), task='put it in the box')
+    start = 1_700_000_000 * 10**9
+    inserts = [(start + 3 * 10**8, '/vla_policy_node/episode',
+                Episode(event=Episode.STARTED, episode=2, instruction='put it in the box'), start - 10**9),
+               (start + 6 * 10**8, '/instruction', String(data='pick up the red cube'), start - 60 * 10**9)]
+    with open(source, 'rb') as stream, BagWriter(late) as writer:
+        for schema, channel, message in make_reader(stream).iter_messages(log_time_order=True):
+            while inserts and inserts[0][0] <= message.log_time:
+                log_time, topic, msg, published = inserts.pop(0)
+                writer.write(topic, msg, log_time, published)
+            if channel.topic != '/instruction':
+                writer.write(channel.topic, deserialize_message(message.data, import_type(schema.name)),
+                             message.log_time)
+    episodes = export_bag(str(late), settings, tmp_path / 'ds', fps=FPS)
+    assert episodes == export_bag(str(source), settings, tmp_path / 'as_if_latched_in_time', fps=FPS)
+    assert episodes == [('put it in the box', 20)]
+    policy = TaskPolicy()
+    replay(str(late), settings, policy)
+    assert set(policy.tasks) == {'put it in the box'} and len(policy.tasks) > 1
+
+
+def import_type(name):
+    from importlib import import_module
+    package, _, leaf = name.split('/')
+    return getattr(import_module(f'{package}.msg'), leaf)

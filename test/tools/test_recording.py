@@ -123,7 +123,7 @@ class SlowBag:
         self.delay, self.fail_at, self.written = delay, fail_at, []
         self.closed = self.abandoned = False
 
-    def write(self, topic, log_time, data) -> None:
+    def write(self, topic, log_time, data, publish_time=None) -> None:
         if self.fail_at is not None and len(self.written) >= self.fail_at:
             raise OSError(errno.EFBIG, 'File too large')
         time.sleep(self.delay)

@@ -14,7 +14,9 @@ type's ``.msg`` text, then every type it uses after a line of ``=`` and ``MSG: p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+import heapq
+import itertools
 import os
 from pathlib import Path
 import re
@@ -24,6 +26,7 @@ from typing import Any
 from rosbags.highlevel import AnyReader
 from rosbags.typesys import get_typestore, Stores
 
+from vla_policy_node.replay.latched import in_force, publish_times
 from vla_policy_node.replay.recovery import close_unfinished, Recovered
 
 PRIMITIVES = {'bool', 'byte', 'char', 'float32', 'float64', 'int8', 'uint8', 'int16', 'uint16',
@@ -45,15 +48,19 @@ def bag_paths(path: str | os.PathLike) -> list[Path]:
     return files
 
 
+def storage_files(path: str | os.PathLike) -> list[Path]:
+    """Return the bag's files: the one named, or a folder's ``.mcap`` files."""
+    return [p for p in bag_paths(path) for p in ([p] if p.is_file() else sorted(p.glob('*.mcap')))]
+
+
 def end_unfinished(path: str | os.PathLike) -> list[Recovered]:
     """
     End every MCAP file of the bag that its writer never closed (``recovery``); what each still holds.
 
     ValueError (BagError) if such a file holds nothing readable.
     """
-    files = [p for p in bag_paths(path) for p in ([p] if p.is_file() else sorted(p.glob('*.mcap')))]
     recovered = []
-    for file in files:
+    for file in storage_files(path):
         if file.suffix != '.mcap' or not file.stat().st_size:
             continue
         try:
@@ -84,23 +91,46 @@ def _open(path: str | os.PathLike) -> AnyReader:
     return reader
 
 
-def read_messages(path: str | os.PathLike,
-                  topics: set[str] | None = None) -> Iterator[tuple[str, str, Any, int]]:
+def read_messages(path: str | os.PathLike, topics: set[str] | None = None,
+                  latched: Collection[str] = ()) -> Iterator[tuple[str, str, Any, int]]:
     """
-    Yield (topic, type name, decoded message, log time in ns) in log-time order.
+    Yield (topic, type name, decoded message, time in ns) in time order.
 
+    The time is the log time, but a ``latched`` topic's message comes when it took effect, by its
+    publish time, and not at all if one published after it took effect first (``latched``).
     Whatever the readers raise on a broken bag (a truncated chunk, a corrupted zstd frame,
     garbage after the magic) is a :class:`BagError` naming the bag.
     """
     reader = _open(path)
     try:
         connections = [c for c in reader.connections if topics is None or c.topic in topics]
-        for connection, log_time, raw in reader.messages(connections=connections):
-            yield connection.topic, connection.msgtype, reader.deserialize(raw, connection.msgtype), log_time
+        held = [c for c in connections if c.topic in latched]
+        others = [c for c in connections if c.topic not in latched]
+        stream = reader.messages(connections=others) if others else iter(())    # none: rosbags reads all
+        if held:
+            stream = _with_latched(path, reader, held, stream)
+        for connection, time, raw in stream:
+            yield connection.topic, connection.msgtype, reader.deserialize(raw, connection.msgtype), time
     except Exception as error:  # noqa: B902 - as in _open
         raise _unreadable(Path(path), error) from error
     finally:
         reader.close()
+
+
+def _with_latched(path: str | os.PathLike, reader: AnyReader, held: list[Any],
+                  stream: Iterator[tuple[Any, int, Any]]) -> Iterator[tuple[Any, int, Any]]:
+    """Merge the ``held`` connections' messages that apply, at the times they apply, into the log-time ``stream``."""
+    kept = list(reader.messages(connections=held))
+    if not kept:
+        return stream
+    published = publish_times(storage_files(path), {connection.topic for connection, _, _ in kept})
+    first = next(stream, None)
+    stream = itertools.chain([first], stream) if first is not None else stream
+    start = min(kept[0][1], first[1]) if first is not None else kept[0][1]
+    order = in_force([(log_time, published.get((connection.topic, log_time, bytes(raw)), log_time))
+                      for connection, log_time, raw in kept], start)
+    applied = [(kept[index][0], time, kept[index][2]) for time, index in order]
+    return heapq.merge(applied, stream, key=lambda message: message[1])     # ties: the latched message first
 
 
 def topic_types(path: str | os.PathLike) -> dict[str, str]:
@@ -177,8 +207,8 @@ class BagWriter:
         self._channels: dict[str, int] = {}
         self._typestore = get_typestore(Stores.ROS2_KILTED)
 
-    def write(self, topic: str, msg: Any, log_time_ns: int) -> None:
-        """Append ``msg`` on ``topic`` logged at ``log_time_ns``."""
+    def write(self, topic: str, msg: Any, log_time_ns: int, publish_time_ns: int | None = None) -> None:
+        """Append ``msg`` on ``topic`` logged at ``log_time_ns``, published then too unless ``publish_time_ns``."""
         from rclpy.serialization import serialize_message
         module = type(msg).__module__.split('.')
         type_name = f'{module[0]}/msg/{type(msg).__name__}'
@@ -190,7 +220,7 @@ class BagWriter:
             self._channels[topic] = self._writer.register_channel(
                 topic, 'cdr', self._schemas[type_name])
         self._writer.add_message(self._channels[topic], log_time_ns, self._exact(serialize_message(msg), type_name),
-                                 log_time_ns)
+                                 log_time_ns if publish_time_ns is None else publish_time_ns)
 
     def _exact(self, raw: bytes, type_name: str) -> bytes:
         """

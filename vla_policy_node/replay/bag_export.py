@@ -125,9 +125,10 @@ def export_bag(bag: str, settings: Any, output: str | Path, fps: float | None = 
     with DatasetWriter(output, int(fps), names, names, robot_type, codec) as writer:
         sampler = _Sampler(settings, topics, int(fps), gap, leader, writer)
         start = None
-        for topic, _, msg, log_time in read_messages(bag, topics.all() | ({leader} if leader else set())):
-            start = log_time if start is None else start
-            sampler.take(topic, msg, (log_time - start) * 1e-9)
+        read = topics.all() | ({leader} if leader else set())
+        for topic, _, msg, stamp in read_messages(bag, read, topics.latched()):
+            start = stamp if start is None else start
+            sampler.take(topic, msg, (stamp - start) * 1e-9)
         sampler.close()
         try:
             sampler.inputs.check({'instruction': topics.instruction, 'episode': topics.episode})

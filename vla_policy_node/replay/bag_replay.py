@@ -230,6 +230,10 @@ class NodeTopics:
         """Every topic replay reads."""
         return {*self.cameras, *self.groups, self.joints, self.instruction, self.episode, self.goals}
 
+    def latched(self) -> set[str]:
+        """Return the transient-local topics, read by publish time (``latched``): a late reader receives them late."""
+        return {self.instruction, self.episode}
+
     def expected(self) -> dict[str, str]:
         """Topic -> the type the node uses, for every topic replay reads."""
         return {self.joints: 'sensor_msgs/msg/JointState', self.instruction: 'std_msgs/msg/String',
@@ -296,9 +300,9 @@ def replay(bag: str, settings: NodeSettings, policy: Any, period: float | None =
         predicted_times.extend(at + dt * np.arange(len(rows)))
         predicted.extend(rows)
 
-    for topic, _, msg, log_time in read_messages(bag, topics.all()):
-        start = log_time if start is None else start
-        t = (log_time - start) * 1e-9
+    for topic, _, msg, stamp in read_messages(bag, topics.all(), topics.latched()):
+        start = stamp if start is None else start
+        t = (stamp - start) * 1e-9
         while next_observation is not None and t > next_observation:
             if inputs.ready():
                 infer(next_observation)

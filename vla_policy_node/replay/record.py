@@ -15,7 +15,9 @@ in the working folder (a counter is added if it exists), so recorders never shar
 
 The subscriptions only queue the serialized messages; a writer thread writes them
 (``recording``) to a bag that a crash leaves readable (``recording_bag``). Messages are stored
-as DDS delivered them, stamped with their arrival on this process's ROS clock. What could not
+as DDS delivered them, in the order they arrived: the log time is the arrival on this process's
+ROS clock, the publish time DDS's source timestamp (``latched``: replay and export take the
+instruction and episodes by it, as a late reader receives them late). What could not
 be written (the queue full, the disk full) is counted per topic, reported on ``/diagnostics``
 every second and in the summary at the end. Ctrl-C, SIGTERM or the end of ``--duration``
 closes the bag (exit 0); a full disk or file-size limit ends the recording with one line and
@@ -142,7 +144,7 @@ class Recorder(Node):
         for name, msg_type, qos in streams:
             index = names.index(name)
             self.create_subscription(msg_type, name, lambda raw, info, i=index: self.recording.put(
-                i, raw, info['publication_sequence_number']), qos, raw=True)
+                i, raw, info['publication_sequence_number'], info['source_timestamp']), qos, raw=True)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', DIAGNOSTICS_QOS)
         self.create_timer(DIAGNOSTICS_PERIOD, self._publish_diagnostics)
         self.create_timer(PUBLISHERS_PERIOD, self._count_publishers)

@@ -2,7 +2,8 @@
 """
 A bounded queue between the subscriptions and the bag, and the thread that writes it.
 
-The subscription callbacks only stamp each serialized message and append it (:meth:`Recording.put`
+The subscription callbacks only stamp each serialized message (its arrival; its publish time
+beside) and append it (:meth:`Recording.put`
 never blocks and never touches the disk), so a slow write cannot make DDS overwrite frames in
 the subscriptions' history; a writer thread empties the queue into the bag. When the queue
 holds ``max_bytes`` (the disk cannot keep up for that long), a new message is dropped and
@@ -55,7 +56,7 @@ class Recording:
         self._clock_ns = clock_ns
         self._on_failure = on_failure
         self._max_bytes = max_bytes
-        self._queue: deque[tuple[int, int, bytes]] = deque()
+        self._queue: deque[tuple[int, int, int, bytes]] = deque()
         self._bytes = 0
         self.peak_bytes = 0
         self._last_time = 0
@@ -64,11 +65,12 @@ class Recording:
         self._thread = threading.Thread(target=self._run, name='bag writer', daemon=True)
         self._thread.start()
 
-    def put(self, topic: int, raw: bytes, sequence: int = 0) -> None:
+    def put(self, topic: int, raw: bytes, sequence: int = 0, published: int = 0) -> None:
         """
         Stamp (the clock, never earlier than the message before) and queue; count a drop if full.
 
-        ``sequence``: the publisher's sequence number of the message (0: unknown), for counting what DDS lost.
+        ``sequence``: the publisher's sequence number of the message (0: unknown), for counting what DDS lost;
+        ``published``: its publish time in ns, on the publisher's clock (0 or less: unknown, the log time then).
         """
         with self._condition:
             counts = self.counts[topic]
@@ -80,7 +82,7 @@ class Recording:
                 counts.dropped += 1
                 return
             self._last_time = max(self._last_time, self._clock_ns())
-            self._queue.append((topic, self._last_time, raw))
+            self._queue.append((topic, self._last_time, published if published > 0 else self._last_time, raw))
             self._bytes += len(raw)
             self.peak_bytes = max(self.peak_bytes, self._bytes)
             self._condition.notify()
@@ -98,8 +100,8 @@ class Recording:
                 batch, stopping = list(self._queue), self._stopping
                 self._queue.clear()
             try:
-                for topic, log_time, raw in batch:
-                    self.bag.write(topic, log_time, raw)
+                for topic, log_time, published, raw in batch:
+                    self.bag.write(topic, log_time, raw, published)
                     self.counts[topic].written += 1
                     with self._condition:
                         self._bytes -= len(raw)

@@ -122,9 +122,15 @@ class RecordingBag:
         self._writer.flush()
         self._write_metadata()
 
-    def write(self, topic: int, log_time: int, raw: bytes) -> None:
-        """Append one message of topic number ``topic`` (log times must not decrease); OSError if it fails."""
-        self._writer.add_message(self._channels[topic], log_time, raw, log_time, self.counts[topic])
+    def write(self, topic: int, log_time: int, raw: bytes, publish_time: int | None = None) -> None:
+        """
+        Append one message of topic number ``topic``; OSError if it fails.
+
+        Log times (arrival) must not decrease: an unindexed file is read in file order. ``publish_time``
+        (default: the log time) may be in any order.
+        """
+        self._writer.add_message(self._channels[topic], log_time, raw,
+                                 log_time if publish_time is None else publish_time, self.counts[topic])
         self.counts[topic] += 1
         self._times = [self._times[0] if self._times else log_time, log_time]
         self._chunk_since = self._clock() if self._chunk_since is None else self._chunk_since
