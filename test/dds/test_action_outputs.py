@@ -449,9 +449,9 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
         assert recorder.wait_for_output('recording [', 30.0), recorder.output
         assert client.wait_for_server(timeout_sec=10.0)
         # 'recording' means subscribed: its readers match the writers later (1.6-3.2 s on 2 loaded cores). Goals
-        # sent before are not its to record, and the latched instruction and episode it then gets late are
-        # stamped after a task goal sent meanwhile. So the task goal waits until the recorder's own counts show
-        # it receives every stream, then for goals of both groups: the first task's, before the action's.
+        # sent before are not its to record (the latched instruction and episode it gets late are taken by their
+        # publish time: test_bag_export). So the task goal waits until the recorder's own counts show it
+        # receives every stream, then for goals of both groups: the first task's, before the action's.
         assert wait_until(arm.recording_every_stream, 30.0), (arm.recorder, recorder.output)
         seen = len(arm.records)
         assert wait_until(lambda: all(sum(r.event == CommandGoal.SENT and r.group == group

@@ -52,6 +52,7 @@ GROUPS = {'commands': {
 RECORD = (sys.executable, '-m', 'vla_policy_node.replay.record')
 SENSOR_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.VOLATILE)
+EPISODE = f'{NAMESPACE}/vla_policy_node/episode'
 SHM_PROFILE = Path(__file__).resolve().parents[2] / 'config' / 'fastdds_shm.xml'
 
 
@@ -260,6 +261,15 @@ def test_sigkill_leaves_a_bag_that_holds_what_was_written_before(params, tmp_pat
     joints = [m for topic, _, m, _ in read_messages(tmp_path / 'bag') if topic == '/arm/joint_states']
     metadata = yaml.safe_load((tmp_path / 'bag' / 'metadata.yaml').read_text())['rosbag2_bagfile_information']
     assert len(joints) == as_left and metadata['message_count'] == sum(1 for _ in read_messages(tmp_path / 'bag'))
+    # Each message's DDS source timestamp is its publish time (the episode was published before it arrived); the
+    # unindexed file, in arrival order, reads with the episode at its publication (or the bag's first message).
+    from mcap.reader import make_reader
+    with open(tmp_path / 'bag' / 'bag_0.mcap', 'rb') as stream:
+        episode = [m for _, channel, m in make_reader(stream).iter_messages(log_time_order=False)
+                   if channel.topic == EPISODE]
+    assert len(episode) == 1 and 0 < episode[0].log_time - episode[0].publish_time < 5 * 10**9, episode
+    taken = [t for topic, _, m, t in read_messages(tmp_path / 'bag', latched={EPISODE}) if topic == EPISODE]
+    assert len(taken) == 1 and episode[0].publish_time <= taken[0] <= episode[0].log_time, (taken, episode)
 
 
 def test_a_file_size_limit_ends_the_recording_with_one_line_and_a_readable_bag(params, tmp_path):
