@@ -10,10 +10,11 @@ arrival order in the file (log time: a crashed bag stays readable) and writes ea
 DDS publish time (the source timestamp, as rosbag2 does) as its MCAP ``publish_time``.
 Replay and export take these topics' messages by publish time (:func:`in_force`): one
 published before the recording's first message applies from that message, one published
-before a message that already applied is ignored. None applies later than it arrived, so
-publish times on another clock than the log times (a recorder on simulated time, a skewed
-host) fall back to arrival order, stale messages still ignored; bags without publish times
+before a message that already applied is ignored. A publish time after the arrival is on
+another clock (a host whose clock is ahead, a recorder on simulated time) and counts as the
+arrival, so such a message can never make later ones look stale; bags without publish times
 (sqlite3; earlier recordings: publish time = log time) read in arrival order, as before.
+Publish times are the publishers' clocks: hosts need synchronized clocks.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ def in_force(messages: Sequence[tuple[int, int]], start: int) -> list[tuple[int,
     Return (time, index) of the latched messages that apply, in the order they apply.
 
     ``messages``: (log time, publish time) of each, in ns; ``start``: the recording's first log time.
-    A message applies at its publish time, clamped to [``start``, its log time], unless a message
-    published after it applied first.
+    A message applies at its publish time (no later than its log time), or at ``start`` if it was
+    published before, unless a message published after it applied first.
     """
+    published_at = [min(published, log_time) for log_time, published in messages]
     placed = sorted((min(log_time, max(published, start)), published, index)
-                    for index, (log_time, published) in enumerate(messages))
+                    for index, ((log_time, _), published) in enumerate(zip(messages, published_at)))
     applied: list[tuple[int, int]] = []
     newest = None
     for time, published, index in placed:
