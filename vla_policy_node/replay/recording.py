@@ -6,9 +6,9 @@ The subscription callbacks only stamp each serialized message (its arrival, besi
 time) and append it (:meth:`Recording.put` never blocks and never touches the disk), so a slow
 write cannot make DDS overwrite frames in the subscriptions' history; a writer thread empties
 the queue into the bag. When the queue holds ``max_bytes`` (the disk cannot keep up for that
-long), a new message is dropped and counted for its topic, never silently. A write that fails (disk full, file-size limit) stops
-the writing: the bag is ended after its last complete chunk, later messages count as dropped,
-and ``on_failure`` is told once, from the writer thread.
+long), a new message is dropped and counted for its topic, never silently. A write that fails
+(disk full, file-size limit) stops the writing: the bag is ended after its last complete chunk,
+later messages count as dropped, and ``on_failure`` is told once, from the writer thread.
 """
 
 from __future__ import annotations
