@@ -131,7 +131,8 @@ def test_low_precision_attention_is_sdpa_within_bfloat16_rounding(monkeypatch, b
     """The int8 vision tower's attention: bfloat16 products, any head blocking, q/k/v as strided views of one qkv."""
     monkeypatch.setattr(attention_module, "LOW_PRECISION_BLOCK_BYTES", block_bytes)
     g = torch.Generator().manual_seed(2)
-    qkv = torch.randn(batch, n, 3 * heads * 64, generator=g) * torch.tensor([2.0, 1.0, 1.0]).repeat_interleave(heads * 64)
+    qkv = torch.randn(batch, n, 3 * heads * 64, generator=g)
+    qkv[..., :heads * 64] *= 2                            # q: larger scores
     q, k, v = qkv.view(batch, n, 3, heads, 64).permute(2, 0, 3, 1, 4)
     want = F.scaled_dot_product_attention(q, k, v)
     got = attention_module.low_precision_attention(q, k, v, torch.bfloat16)

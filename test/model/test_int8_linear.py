@@ -126,7 +126,7 @@ def test_export_takes_the_float_weights_and_the_int8_ones_come_back():
 
 
 def test_an_int8_linear_carries_its_bias_in_the_prepacked_weight():
-    """fbgemm adds the bias as it writes the output: adding it after the product, to float rounding, one pass less."""
+    """The bias rides in the prepacked weight: fbgemm adds it as it writes (one pass less), to float rounding."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 160).eval()
     x = torch.randn(2, 7, 96)
@@ -153,7 +153,8 @@ def test_the_fused_int8_vision_qkv_gives_the_bits_of_three_products():
     int8_linear.quantize_linears(attn)
     assert attn.qkv_packed is not None and all(getattr(p, "packed", None) is None
                                                for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    assert attn.state_dict().keys() == state.keys() and all(torch.equal(attn.state_dict()[k], v) for k, v in state.items())
+    after = attn.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())
     x = torch.randn(2, 16, 64)
     fused = torch.ops.quantized.linear_dynamic(x, attn.qkv_packed)
     assert torch.equal(fused, torch.cat([torch.ops.quantized.linear_dynamic(x, p) for p in separate], -1))
