@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vla_policy_node.model import attention as attention_module
 from vla_policy_node.model.attention import (additive_mask, attention, fixed_kv_attention, fixed_kv_layout,
                                              make_att_2d_masks)
 from vla_policy_node.model.blocks import DecoderLayer, DecoderSpec, RMSNorm, sinusoidal_time_embedding
@@ -123,6 +124,21 @@ def test_attention_over_a_fixed_kv_layout_equals_sdpa():
         fixed = fixed_kv_attention(q, *fixed_kv_layout(k, v, mask, num_heads=4))
         torch.testing.assert_close(fixed, attention(q, k, v, mask, "sdpa"), atol=1e-6, rtol=0)
         assert torch.isfinite(fixed).all()
+
+
+@pytest.mark.parametrize("batch, heads, n, block_bytes", [(1, 12, 1024, 6 << 20), (2, 3, 50, 1), (1, 4, 37, 1 << 30)])
+def test_low_precision_attention_is_sdpa_within_bfloat16_rounding(monkeypatch, batch, heads, n, block_bytes):
+    """The int8 vision tower's attention: bfloat16 products, any head blocking, q/k/v as strided views of one qkv."""
+    monkeypatch.setattr(attention_module, "LOW_PRECISION_BLOCK_BYTES", block_bytes)
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(batch, n, 3 * heads * 64, generator=g)
+    qkv[..., :heads * 64] *= 2                            # q: larger scores
+    q, k, v = qkv.view(batch, n, 3, heads, 64).permute(2, 0, 3, 1, 4)
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = attention_module.low_precision_attention(q, k, v, torch.bfloat16)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert got.transpose(1, 2).is_contiguous()          # the heads merge back into (B, N, C) without a copy
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])

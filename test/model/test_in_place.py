@@ -43,6 +43,18 @@ def test_silu_of_sum_matches_the_out_of_place_arithmetic():
         assert torch.equal(in_place.silu_of_sum(y, half), F.silu(y + half))      # promotes: a new tensor
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_in_place_has_the_bits_of_f_gelu(dtype):
+    y = (torch.randn(3, 7, 130) * 4).to(dtype)
+    want = F.gelu(y, approximate="tanh")
+    with torch.inference_mode():
+        y2 = y.clone()
+        assert in_place.gelu_tanh(y2) is y2 and torch.equal(y2, want)
+    y3 = y.clone().requires_grad_(dtype == torch.float32)
+    out = in_place.gelu_tanh(y3)
+    assert torch.equal(out.detach(), want) and torch.equal(y3.detach(), y)       # autograd on: y untouched
+
+
 def test_the_eager_chunk_has_the_same_bits_with_and_without_writing_in_place(monkeypatch):
     """Every in-place rewrite (MLP, norm, RoPE, residuals, the action-time MLP, vision) is bit for bit."""
     policy = build_tiny_policy(("front", "wrist"), chunk_size=8, num_steps=3)

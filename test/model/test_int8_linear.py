@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from vla_policy_node.loading import load_policy
 from vla_policy_node.model import int8_linear
 from vla_policy_node.model.blocks import packing_targets
+from vla_policy_node.model.vision import SiglipVisionTransformer, VisionAttention, VisionSpec
 
 LEROBOT061 = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot061"
 INT8_ACTION_ATOL = 0.05          # max |int8 - float32| / max |float32| over a chunk
@@ -122,3 +123,58 @@ def test_export_takes_the_float_weights_and_the_int8_ones_come_back():
     assert [m.packed for m in model if isinstance(m, torch.nn.Linear)] == packed
     torch.testing.assert_close(program.module()(x), expected)            # the float32 weights
     assert (model(x) - expected).abs().max() < 0.05 * expected.abs().max()     # the int8 ones again
+
+
+def test_an_int8_linear_carries_its_bias_in_the_prepacked_weight():
+    """The bias rides in the prepacked weight: fbgemm adds it as it writes (one pass less), to float rounding."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 160).eval()
+    x = torch.randn(2, 7, 96)
+    assert int8_linear.quantize_linears(lin) == 1
+    assert torch.equal(lin.packed.unpack()[1], lin.bias.detach())
+    after = torch.ops.quantized.linear_dynamic(x, int8_linear.prepack(lin.weight)) + lin.bias
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), after, rtol=1e-6, atol=1e-6)
+
+
+def small_vision_tower() -> SiglipVisionTransformer:
+    torch.manual_seed(0)
+    tower = SiglipVisionTransformer(VisionSpec(32, 8, 64, 2, 4, 128)).eval()
+    for p in tower.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    return tower
+
+
+def test_the_fused_int8_vision_qkv_gives_the_bits_of_three_products():
+    """int8 products are exact integer sums scaled per output channel: fusing q/k/v changes no bit."""
+    attn = small_vision_tower().encoder.layers[0].self_attn
+    state = {k: v.clone() for k, v in attn.state_dict().items()}
+    separate = [int8_linear.prepack(p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    int8_linear.quantize_linears(attn)
+    assert attn.qkv_packed is not None and all(getattr(p, "packed", None) is None
+                                               for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    after = attn.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())
+    x = torch.randn(2, 16, 64)
+    fused = torch.ops.quantized.linear_dynamic(x, attn.qkv_packed)
+    assert torch.equal(fused, torch.cat([torch.ops.quantized.linear_dynamic(x, p) for p in separate], -1))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_int8_vision_attention_multiplies_in_bfloat16_only_where_the_cpu_does(monkeypatch, native):
+    monkeypatch.setattr(int8_linear, "native_bfloat16", lambda: native)
+    tower = small_vision_tower()
+    px = torch.rand(2, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        f32 = tower(px)
+        int8_linear.quantize_linears(tower)
+        int8 = tower(px)
+    attns = [m for m in tower.modules() if isinstance(m, VisionAttention)]
+    assert attns and all(a.products_dtype == (torch.bfloat16 if native else None) for a in attns)
+    assert (int8 - f32).abs().max() < INT8_ACTION_ATOL * f32.abs().max()
+    with int8_linear.hidden(tower):                # export: the float32 weights and SDPA
+        assert all(a.qkv_packed is None for a in attns)
+        program = torch.export.export(tower, (px,), strict=False)
+    assert all(a.qkv_packed is not None for a in attns)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(px), f32, atol=1e-5, rtol=0)

@@ -80,6 +80,36 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
     return (probs @ v).view(b, h, lq, d)
 
 
+LOW_PRECISION_BLOCK_BYTES = 6 << 20   # scores of the heads one block attends with: a few MiB stay in the cache
+
+
+def low_precision_attention(q: Tensor, k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """
+    Unmasked attention with both products in ``dtype`` (bfloat16), a block of heads at a time.
+
+    q, k, v (B, H, N, D), any strides; returns (B, H, N, D) in q's dtype (a view of a (B, N, H, D)
+    tensor, so merging the heads back is free). For the float32 activations of ``dtype: int8``
+    on CPUs with native bfloat16: SDPA's flash kernel multiplies in float32 (and in bfloat16 it is
+    no faster), while oneDNN's bfloat16 products run at twice the float32 rate. The softmax reads
+    bfloat16 scores and sums in float32 (ATen); the heads go in blocks whose scores stay in the
+    cache. Rounding q, k, v, scores and probabilities to bfloat16 costs about 1% of the largest
+    output, less than the int8 activations around it (BENCHMARKS.md).
+    """
+    b, h, n, d = q.shape
+    lk = k.shape[2]
+    qs = torch.mul(q, d ** -0.5, out=torch.empty(b, h, n, d, dtype=dtype)).view(b * h, n, d)
+    ks = torch.empty(b, h, lk, d, dtype=dtype).copy_(k).view(b * h, lk, d).transpose(1, 2)
+    vs = torch.empty(b, h, lk, d, dtype=dtype).copy_(v).view(b * h, lk, d)
+    out = torch.empty(b * h, n, d, dtype=dtype)
+    block = max(1, LOW_PRECISION_BLOCK_BYTES // (n * lk * out.element_size()))
+    for s in range(0, b * h, block):
+        e = s + block
+        torch.bmm(torch.softmax(torch.bmm(qs[s:e], ks[s:e]), dim=-1), vs[s:e], out=out[s:e])
+    result = torch.empty(b, n, h, d, dtype=q.dtype)
+    result.transpose(1, 2).copy_(out.view(b, h, n, d))
+    return result.transpose(1, 2)
+
+
 def _normalize_after(v: Tensor) -> bool:
     """
     Whether to divide the softmax's sum out of the (B, H, Lq, D) output instead of the (B, H, Lq, Lk) scores.

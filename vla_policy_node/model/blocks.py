@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vla_policy_node.model import in_place, packed_linear
 from vla_policy_node.model.prefix_cache import PrefixKV, VLAPrefixCache
 from vla_policy_node.model.rope import apply_rope
+from vla_policy_node.model.vision import VisionAttention
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -100,7 +101,7 @@ class GatedMLP(nn.Module):
 
     def fuse(self) -> None:
         """One (2*hidden, dim) matmul instead of two; gate/up weights become views of it (same state dict)."""
-        self.gate_up_weight = _fuse_linears(self.gate_proj, self.up_proj)[0]
+        self.gate_up_weight = packed_linear.fuse_linears(self.gate_proj, self.up_proj)[0]
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_weight is None:
@@ -109,20 +110,6 @@ class GatedMLP(nn.Module):
         if self.act is F.silu and in_place.allowed():
             return self.down_proj(F.silu(gate, inplace=True).mul_(up))
         return self.down_proj(self.act(gate) * up)
-
-
-def _fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Optional[Tensor]]:
-    """Concatenate the weights (and biases) of linears on the same input; their parameters become views."""
-    weight = torch.cat([lin.weight.detach() for lin in linears])
-    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
-    start = 0
-    for lin in linears:
-        n = lin.out_features
-        lin.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
-        if bias is not None:
-            lin.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
-        start += n
-    return weight, bias
 
 
 def packing_targets(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
@@ -138,11 +125,16 @@ def packing_targets(model: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
         if isinstance(module, GatedMLP) and module.gate_up_weight is not None:
             targets.append((module, "gate_up_packed", module.gate_up_weight))
             covered |= {id(module.gate_proj), id(module.up_proj)}
-        elif isinstance(module, AttentionProjections) and module.qkv_weight is not None:
+        elif isinstance(module, (AttentionProjections, VisionAttention)) and module.qkv_weight is not None:
             targets.append((module, "qkv_packed", module.qkv_weight))
             covered |= {id(module.q_proj), id(module.k_proj), id(module.v_proj)}
     targets += [(m, "packed", m.weight) for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in covered]
     return targets
+
+
+def packed_bias(module: nn.Module, attr: str) -> Optional[Tensor]:
+    """Return the bias added to the product of the weight ``packing_targets`` lists as ``(module, attr)``, or None."""
+    return {"packed": getattr(module, "bias", None), "qkv_packed": getattr(module, "qkv_bias", None)}.get(attr)
 
 
 @contextlib.contextmanager
@@ -198,7 +190,7 @@ class AttentionProjections(nn.Module):
     def fuse(self) -> None:
         """One matmul for q, k and v (self-attention only: cross-attention k/v read another input)."""
         if not self.cross:
-            self.qkv_weight, self.qkv_bias = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+            self.qkv_weight, self.qkv_bias = packed_linear.fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, L, dim) -> q (B, H, L, D), k and v (B, H_kv, L, D)."""

@@ -28,6 +28,13 @@ def add(x: Tensor, y: Tensor) -> Tensor:
     return x + y
 
 
+def gelu_tanh(y: Tensor) -> Tensor:
+    """Return ``gelu(y, approximate="tanh")``, written into ``y`` (a temporary of the caller's): the same bits."""
+    if allowed():
+        return torch.ops.aten.gelu_(y, approximate="tanh")
+    return F.gelu(y, approximate="tanh")
+
+
 def silu_of_sum(y: Tensor, bias: Tensor) -> Tensor:
     """Return ``silu(y + bias)``, written into ``y`` (a temporary of the caller's); bias broadcasts to y, same dtype."""
     if y.dtype == bias.dtype and allowed():

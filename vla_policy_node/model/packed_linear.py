@@ -55,15 +55,29 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], packed: Optional[T
     Compute ``F.linear``, through the packed weight when there is one and no autograd is needed.
 
     Exported (compiled) code takes the plain weight: the compiler picks its own kernels.
-    ``packed`` may also be an int8 prepacked weight (``int8_linear``, ``dtype: int8``).
+    ``packed`` may also be an int8 prepacked weight (``int8_linear``, ``dtype: int8``), which
+    carries ``bias`` itself: fbgemm adds it as it writes the output.
     """
     if (packed is None or x.dtype != weight.dtype or (x.requires_grad and torch.is_grad_enabled())
             or torch.compiler.is_compiling()):
         return F.linear(x, weight, bias)
-    if not isinstance(packed, Tensor):                  # int8 prepacked weight (``int8_linear``)
-        return torch.ops.quantized.linear_dynamic(x, packed) if bias is None else (
-            torch.ops.quantized.linear_dynamic(x, packed) + bias)
+    if not isinstance(packed, Tensor):                  # int8 prepacked weight and bias (``int8_linear``)
+        return torch.ops.quantized.linear_dynamic(x, packed)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Optional[Tensor]]:
+    """Concatenate the weights (and biases) of linears on the same input; their parameters become views."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
+        start += n
+    return weight, bias
 
 
 class PackedLinear(nn.Linear):

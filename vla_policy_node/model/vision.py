@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vla_policy_node.model import in_place
+from vla_policy_node.model import in_place, packed_linear
+from vla_policy_node.model.attention import low_precision_attention
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class VisionEmbeddings(nn.Module):
 
 
 class VisionAttention(nn.Module):
+    products_dtype: Optional[torch.dtype] = None
+    """Set by ``int8_linear.quantize_linears`` where the CPU multiplies bfloat16 natively: the dtype of the
+    attention's two products (``attention.low_precision_attention``); None: SDPA in the activations' dtype."""
+
     def __init__(self, spec: VisionSpec) -> None:
         super().__init__()
         self.num_heads = spec.num_heads
@@ -55,15 +60,26 @@ class VisionAttention(nn.Module):
         self.k_proj = nn.Linear(spec.width, spec.width)
         self.v_proj = nn.Linear(spec.width, spec.width)
         self.out_proj = nn.Linear(spec.width, spec.width)
+        self.register_buffer("qkv_weight", None, persistent=False)      # set by ``fuse``
+        self.register_buffer("qkv_bias", None, persistent=False)
+        self.qkv_packed: Optional[Any] = None                              # set by ``int8_linear``
+
+    def fuse(self) -> None:
+        """One matmul for q, k and v (``dtype: int8`` only: float32 keeps the three products it was measured with)."""
+        self.qkv_weight, self.qkv_bias = packed_linear.fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: Tensor, backend: str) -> Tensor:
         b, n, c = x.shape
-
-        def heads(t: Tensor) -> Tensor:          # (B, N, C) -> (B, H, N, C/H)
-            return t.view(b, n, self.num_heads, -1).transpose(1, 2)
-
-        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        if backend == "sdpa":
+        if self.qkv_weight is None:
+            q, k, v = (p(x).view(b, n, self.num_heads, -1).transpose(1, 2)          # (B, H, N, C/H)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+        else:
+            qkv = packed_linear.linear(x, self.qkv_weight, self.qkv_bias, self.qkv_packed)
+            q, k, v = qkv.view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        if backend == "sdpa" and self.products_dtype is not None and not torch.is_grad_enabled() \
+                and not torch.compiler.is_compiling():
+            o = low_precision_attention(q, k, v, self.products_dtype)
+        elif backend == "sdpa":
             o = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
@@ -78,7 +94,7 @@ class VisionMLP(nn.Module):
         self.fc2 = nn.Linear(spec.mlp_width, spec.width)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(in_place.gelu_tanh(self.fc1(x)))
 
 
 class VisionLayer(nn.Module):
