@@ -58,6 +58,8 @@ def int8_against_float32(folder: Path, obs: dict, noise: np.ndarray) -> float:
     slots = [getattr(m, a, None) for m, a, _ in packing_targets(policy.model)]
     quantized = [t for t in slots if t is not None and not isinstance(t, torch.Tensor)]
     assert quantized, "no linear layer was quantized"
+    assert int8_linear.count(policy.model) == len(quantized)
+    assert policy.describe().endswith(f"with {len(quantized)} int8 linear layers")
     out = policy.predict_action_chunk(obs, noise=noise)
     assert out.shape == f32.shape and np.isfinite(out).all()
     return relative_error(out, f32)

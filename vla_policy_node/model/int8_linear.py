@@ -89,6 +89,11 @@ def quantize_linears(model: nn.Module) -> int:
     return count
 
 
+def count(model: nn.Module) -> int:
+    """How many of ``model``'s matmuls run on int8 prepacked weights (0: a float model)."""
+    return sum(not isinstance(getattr(m, a, None), (Tensor, type(None))) for m, a, _ in packing_targets(model))
+
+
 def hidden(model: nn.Module) -> contextlib.AbstractContextManager:
     """
     Hide the int8 prepacked weights (the float path runs) while ``torch.export`` traces ``model``.

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vla_policy_node.control.chunking import RTCGuidance
+from vla_policy_node.model import int8_linear
 from vla_policy_node.model.flow import VelocityFn
 from vla_policy_node.model.normalization import Normalizer
 from vla_policy_node.model.preprocessing import Preprocessor, stack_observations
@@ -226,4 +227,5 @@ class Policy:
         return (f"{self.family} policy: {n / 1e6:.2f} M parameters, {nbytes / 2**20:.1f} MiB of weights, "
                 f"{len(self.camera_names)} cameras, state {self.state_dim}, action {self.action_dim}, "
                 f"chunk {self.chunk_size}, {self.num_steps} steps, {self.device} "
-                f"{str(getattr(self.model, 'dtype', self.dtype))[6:]}")
+                f"{str(getattr(self.model, 'dtype', self.dtype))[6:]}"
+                + (f" with {quantized} int8 linear layers" if (quantized := int8_linear.count(self.model)) else ""))
