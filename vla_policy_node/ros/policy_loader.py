@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vla_policy_node.runtime.openmp import release_thread_team
 from vla_policy_node.runtime.policy import resolve_device
 from vla_policy_node.runtime.warmup import error_summary
 from vla_policy_node.runtime.engine import PolicyRuntime, RuntimeConfig
@@ -81,6 +82,8 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None], warn: Cal
         info(policy.threads_report)
     info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else '')
          + built_shapes(runtime))
+    if torch_device.type == 'cpu':
+        release_thread_team()          # the inference thread's OpenMP team is then the process's only one
     return policy
 
 
