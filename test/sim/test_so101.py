@@ -101,7 +101,7 @@ def test_touching_another_block_is_not_success(env):
 
 
 def touching_pair_by_pair(env) -> bool:
-    """The touch check spelled out: a contact between the named block and either jaw."""
+    """Spell the touch check out: a contact between the named block and either jaw."""
     block = env.model.body(env.scene.target).id
     jaws = {env.model.body('gripper').id, env.model.body('moving_jaw_so101_v1').id}
     bodies = env.model.geom_bodyid
