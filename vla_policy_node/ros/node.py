@@ -397,14 +397,13 @@ class PolicyWiring:
 
     def destroy_node(self) -> None:
         """
-        Destroy the action server and the polled joint-state subscription first: they keep the node's handle.
+        Destroy first what keeps the node's handle: the action server, polled joint states, command watchers.
 
         Also called by rclpy's shutdown on a node whose parameters were refused, built only in part.
         """
-        if self._task is not None:
-            self._task.destroy()
-        if self._joint_states is not None:
-            self._joint_states.destroy()
+        for part in (self._task, self._joint_states, getattr(self, '_outputs', None)):
+            if part is not None:
+                part.destroy()
         super().destroy_node()
 
     def stop(self) -> bool:
