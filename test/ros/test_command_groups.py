@@ -18,7 +18,6 @@ from std_msgs.msg import Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 from test_params import VALUES
 
-from vla_policy_node.ros import command_groups
 from vla_policy_node.ros.command_groups import CommandOutputs, trajectory_velocities
 from vla_policy_node.ros.params import ParameterError, settings_from_values
 
@@ -187,31 +186,31 @@ def test_the_link_names_every_contested_topic_with_its_count():
     assert outputs.link((0, 0))[2] == 'arm_controller/joint_trajectory and gripper_controller/commands'
 
 
-class Watches:
-    """``publisher_watch`` for a FakeNode: keeps each topic's matched-event callback, for the test to fire."""
+class WatchedNode(FakeNode):
+    """A FakeNode whose subscriptions keep their matched-event callback, for the test to fire."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.matched = {}
 
-    def __call__(self, node, kind, topic, qos, matched):
-        self.matched[topic] = matched
-        return SimpleNamespace(destroy=lambda: None)
+    def create_subscription(self, kind, topic, callback, qos, raw=False, event_callbacks=None):
+        self.matched[topic] = event_callbacks.matched
+        return object()
 
 
-def test_a_publisher_that_appears_for_a_few_ms_keeps_its_topic_contested_for_a_while(monkeypatch):
+def test_a_publisher_that_appears_for_a_few_ms_keeps_its_topic_contested_for_a_while():
     """Matched events see a publisher however briefly it lives; the graph poll may never."""
     settings = settings_from_values({**VALUES, **GROUPS})
-    node, clock, watches = FakeNode(), [10.0], Watches()
-    monkeypatch.setattr(command_groups, 'publisher_watch', watches)
+    node, clock = WatchedNode(), [10.0]
     outputs = CommandOutputs(node, settings.command_groups, qos=None, clock=lambda: clock[0])
     arm = 'arm_controller/joint_trajectory'
     for publisher in (node.publishers[t][1] for t in node.publishers):
         publisher.subscribers = 2                       # the controller and this node's own watcher
-    watches.matched[arm](SimpleNamespace(current_count=1))          # the watcher matched this node's publisher
+    node.matched[arm](SimpleNamespace(current_count=1))          # the watcher matched this node's publisher
     assert outputs.link((0, 0))[:2] == (1, 0), 'the watcher is no controller'
-    watches.matched[arm](SimpleNamespace(current_count=2))          # an intruder for 60 ms ...
+    node.matched[arm](SimpleNamespace(current_count=2))          # an intruder for 60 ms ...
     clock[0] += 0.06
-    watches.matched[arm](SimpleNamespace(current_count=1))          # ... gone again before any graph poll
+    node.matched[arm](SimpleNamespace(current_count=1))          # ... gone again before any graph poll
     assert outputs.link((0, 0))[1:3] == (1, arm)
     clock[0] += 0.9
     assert outputs.link((0, 0))[1] == 1, 'back every 0.5 s: still contested in between'

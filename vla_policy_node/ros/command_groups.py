@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from rclpy.duration import Duration
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float64MultiArray
@@ -61,7 +62,6 @@ from vla_policy_interfaces.msg import CommandGoal
 from vla_policy_node.control.goal_answers import COUNTERS as ACTION_COUNTERS
 from vla_policy_node.ros.action_outputs import ActionOutput, gripper_trajectory
 from vla_policy_node.ros.conversions import action_to_float64_multiarray, chunk_to_joint_trajectory
-from vla_policy_node.ros.polled_input import publisher_watch, PublisherWatch
 from vla_policy_node.ros.qos import COMMAND_GOALS_QOS
 
 COMMAND_INTERFACES = ('joint_trajectory', 'forward_command', 'follow_joint_trajectory', 'gripper_command')
@@ -171,9 +171,8 @@ class CommandOutputs:
 
     Another publisher on a command topic is seen two ways: the graph, polled
     (:meth:`other_publishers`, every watchdog period), and a watcher subscription per topic
-    whose matched events report each publisher as DDS matches it, however briefly it lives
-    (a ``PublisherWatch``: it takes no message, so the node's own commands wake no executor).
-    An action group's answers are its ``ActionOutput``'s. :meth:`destroy` before the node.
+    whose matched events report each publisher as DDS matches it, however briefly it lives.
+    An action group's answers are its ``ActionOutput``'s.
     """
 
     def __init__(self, node: Node, groups: Sequence[CommandGroup], qos: QoSProfile, velocities: bool = False,
@@ -192,7 +191,7 @@ class CommandOutputs:
         self._gripper_max_effort = gripper_max_effort
         self.counters = dict.fromkeys(ACTION_COUNTERS, 0)
         self._publishers: list[Any] = []
-        self._watchers: list[PublisherWatch | None] = []
+        self._watchers: list[Any] = []
         actions = [group for group in self._groups if group.interface in ACTION_INTERFACES]
         record = node.create_publisher(CommandGoal, '~/command_goals', COMMAND_GOALS_QOS) if actions else None
         for i, group in enumerate(self._groups):
@@ -208,19 +207,18 @@ class CommandOutputs:
         self._matched = [0] * len(self._groups)         # publishers each watcher matches (this node's included)
         self._intruder_until = [-math.inf] * len(self._groups)
 
-    def _watch(self, index: int, kind: type, topic: str) -> PublisherWatch | None:
-        """Watch a command topic's matched events (None where rclpy has none: Humble)."""
+    def _watch(self, index: int, kind: type, topic: str) -> Any:
+        """Subscribe to a command topic for its matched events only (None where rclpy has none: Humble)."""
         def matched(info: Any) -> None:
             self._matched[index] = info.current_count
             if info.current_count > 1:                  # besides this node's own publisher
                 self._intruder_until[index] = self._clock() + INTRUDER_LINGER_S
-        return publisher_watch(self._node, kind, topic, WATCH_QOS, matched)
-
-    def destroy(self) -> None:
-        """Destroy the watchers (before the node: they keep its handle in use)."""
-        for watcher in self._watchers:
-            if watcher is not None:
-                watcher.destroy()
+        try:
+            return self._node.create_subscription(
+                kind, topic, lambda _: None, WATCH_QOS, raw=True,
+                event_callbacks=SubscriptionEventCallbacks(matched=matched))
+        except TypeError:
+            return None
 
     @property
     def topics(self) -> tuple[str, ...]:

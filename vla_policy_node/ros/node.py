@@ -397,13 +397,14 @@ class PolicyWiring:
 
     def destroy_node(self) -> None:
         """
-        Destroy first what keeps the node's handle: the action server, polled joint states, command watchers.
+        Destroy the action server and the polled joint-state subscription first: they keep the node's handle.
 
         Also called by rclpy's shutdown on a node whose parameters were refused, built only in part.
         """
-        for part in (self._task, self._joint_states, getattr(self, '_outputs', None)):
-            if part is not None:
-                part.destroy()
+        if self._task is not None:
+            self._task.destroy()
+        if self._joint_states is not None:
+            self._joint_states.destroy()
         super().destroy_node()
 
     def stop(self) -> bool:

@@ -1,23 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-Subscriptions no executor waits on for their messages: read once per control tick, or never.
+A subscription read once per control tick instead of once per message.
 
 rclpy's executors cost a few hundred microseconds of Python per delivered message, so a 1 kHz
-joint-state publisher alone kept a third of a core busy and starved the control timer. A
-``PolledSubscription`` belongs to the node itself (``ros2 node info`` lists it, the node's namespace and
+joint-state publisher alone kept a third of a core busy and starved the control timer. This
+subscription belongs to the node itself (``ros2 node info`` lists it, the node's namespace and
 remaps apply) but is not registered with the node's rclpy entities, so no executor waits on it:
 the messages wait in the DDS history (``depth`` of them, newest kept) and the control tick takes
 them, raw, in one loop; only the newest ones it needs are decoded. The work per tick is bounded
 by ``depth``, whatever the publisher's rate.
-
-A ``PublisherWatch`` is such a subscription whose messages are never taken at all: the executor
-waits on its matched events only. It counts the publishers of a topic as DDS matches them, however
-briefly they live, and the node's own messages on that topic (it matches them too) wake nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import time
 from typing import Any
 
@@ -26,11 +21,6 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile
 from rclpy.serialization import deserialize_message
 from rclpy.type_support import check_is_valid_msg_type
-
-try:
-    from rclpy.event_handler import EventHandler, QoSSubscriptionEventType, UnsupportedEventTypeError
-except ImportError:             # rclpy of Humble: no matched event type (see publisher_watch)
-    from rclpy.qos_event import QoSEventHandler as EventHandler, QoSSubscriptionEventType, UnsupportedEventTypeError
 
 
 class PolledSubscription:
@@ -65,48 +55,3 @@ class PolledSubscription:
     def destroy(self) -> None:
         """Destroy the subscription (before its node: it keeps the node's handle in use)."""
         self._subscription.destroy_when_not_in_use()
-
-
-class PublisherWatch(EventHandler):
-    """
-    The matched events of a subscription to ``topic`` whose messages are never taken (they stay in its history).
-
-    Added to ``owner`` as a waitable on creation; :meth:`destroy` (before the node: the
-    subscription keeps its handle in use) removes it. ``matched`` gets rmw's matched status.
-    """
-
-    def __init__(self, owner: Node, msg_type: Any, topic: str, qos: QoSProfile,
-                 matched: Callable[[Any], None]) -> None:
-        check_is_valid_msg_type(msg_type)
-        with owner.handle:
-            self._subscription = _rclpy.Subscription(owner.handle, msg_type, topic, qos.get_c_qos_profile())
-        try:
-            super().__init__(callback_group=owner.default_callback_group, callback=matched,
-                             event_type=QoSSubscriptionEventType.RCL_SUBSCRIPTION_MATCHED,
-                             parent_impl=self._subscription)
-        except BaseException:
-            self._subscription.destroy_when_not_in_use()
-            raise
-        self._owner = owner
-        owner.add_waitable(self)
-
-    @property
-    def topic_name(self) -> str:
-        """Return the fully qualified topic watched."""
-        return self._subscription.get_topic_name()
-
-    def destroy(self) -> None:
-        """Leave the node and destroy the event and the subscription (idempotent)."""
-        if self in self._owner.waitables:
-            self._owner.remove_waitable(self)
-            super().destroy()
-            self._subscription.destroy_when_not_in_use()
-
-
-def publisher_watch(owner: Node, msg_type: Any, topic: str, qos: QoSProfile,
-                    matched: Callable[[Any], None]) -> PublisherWatch | None:
-    """Return a ``PublisherWatch``, or None where rclpy (Humble) or the rmw has no matched events."""
-    try:
-        return PublisherWatch(owner, msg_type, topic, qos, matched)
-    except (AttributeError, UnsupportedEventTypeError):
-        return None
