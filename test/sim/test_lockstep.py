@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The lockstep's rules (when the simulator may step, the wall-clock bound) and the episode line's reports."""
 
+import itertools
 import math
 
 from hypothesis import given, strategies as st
 import pytest
 
-from vla_policy_node.ros.sim.lockstep import Lockstep, RealTimeFactor
+from vla_policy_node.ros.sim.lockstep import Cadence, Lockstep, RealTimeFactor
 from vla_policy_node.ros.sim.robot import EpisodeReport, format_report
 
 
@@ -101,3 +102,27 @@ def test_the_episode_line_gives_the_real_time_factor_and_a_failures_hold_reason(
                          hold='waiting for actions from the policy', unanswered=4)
     line = format_report(4, 10, late)
     assert 'unanswered ticks 4' in line and 'held' not in line       # a success has no hold to explain
+
+
+@given(st.floats(0.004, 0.05), st.floats(2.0, 5.0), st.lists(st.floats(0.0, 0.9), min_size=200, max_size=400))
+def test_a_cadence_checked_at_a_faster_tick_keeps_its_rate_without_bursts(tick, ratio, lateness):
+    """E.g. a 30 Hz camera on a 100 Hz physics timer whose ticks come late by up to most of a tick (no stall)."""
+    period = tick * ratio
+    cadence = Cadence(period, 0.0)
+    times = list(itertools.accumulate((k * tick + late * tick for k, late in enumerate(lateness)), max))
+    fired = [t for t in times if cadence.due(t)]
+    expected = times[-1] / period
+    assert expected - 2 <= len(fired) <= expected + 2                                # the rate on average
+    assert all(b - a > 0 for a, b in zip(fired, fired[1:]))                           # one per tick at most
+    assert all(c - a >= period - 1e-9 for a, c in zip(fired, fired[2:]))              # never three in a period
+
+
+def test_a_cadence_after_a_stall_starts_afresh_and_restart_counts_from_now():
+    cadence = Cadence(0.1, 0.0)
+    assert cadence.due(0.0) and not cadence.due(0.05) and cadence.due(0.1)
+    assert cadence.due(1.0)                         # stalled 0.8 s: one, not eight in a row
+    assert not cadence.due(1.01) and not cadence.due(1.09) and cadence.due(1.1)
+    cadence.restart(1.15)
+    assert not cadence.due(1.2) and cadence.due(1.25)
+    with pytest.raises(ValueError):
+        Cadence(0.0, 0.0)

@@ -100,6 +100,35 @@ def test_touching_another_block_is_not_success(env):
     assert touched_other and not env.success
 
 
+def touching_pair_by_pair(env) -> bool:
+    """Spell the touch check out: a contact between the named block and either jaw."""
+    block = env.model.body(env.scene.target).id
+    jaws = {env.model.body('gripper').id, env.model.body('moving_jaw_so101_v1').id}
+    bodies = env.model.geom_bodyid
+    return any(block in pair and pair & jaws for pair in
+               ({bodies[c.geom1], bodies[c.geom2]} for c in env.data.contact[:env.data.ncon]))
+
+
+def test_the_touch_check_finds_exactly_the_named_block_between_a_jaw_and_it(env):
+    """Contacts with the table, other blocks and the arm's own links, and jaw-block touches, in both orders."""
+    rng = np.random.default_rng(5)
+    expert = env.expert()
+    seen = set()
+    for episode in range(6):
+        env.reset(rng)
+        other = next(b.colour for b in env.scene.blocks if b.colour != env.scene.target)
+        scenes = (env.scene, Scene(blocks=env.scene.blocks, target=other, start=env.scene.start))
+        for _ in range(45):
+            env.step(expert.action(scenes[episode % 2], env.q))
+            for scene in scenes:
+                env.scene, named = scene, env.scene
+                touching = env.is_touching()
+                assert touching == touching_pair_by_pair(env)
+                seen.add(touching)
+                env.scene = named
+    assert seen == {True, False}
+
+
 def test_scripted_expert_touches_the_named_block_in_at_least_95_percent(env):
     rng = np.random.default_rng(123)
     expert = env.expert()

@@ -51,7 +51,7 @@ def test_closed_loop_episodes_through_the_node_with_so101_yaml(monkeypatch, tmp_
     assert sum(r.success for r in robot.reports) >= 4, robot.reports
     assert all(r.first_command_ms == r.first_command_ms for r in robot.reports)   # commands came each time
     # Both controllers were commanded: the arm's trajectory and the gripper's forward command.
-    assert set(robot._followers) == {(0, 1, 2, 3, 4), (5,)}
+    assert set(robot._controllers.followers) == {(0, 1, 2, 3, 4), (5,)}
     gif, png = Image.open(prefix + '.gif'), Image.open(prefix + '.png')
     assert gif.n_frames > 5 and gif.size[0] == 256 and gif.size[1] > 256     # the caption under the frame
     assert png.size[1] > 64 * 3

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-When a simulator in lockstep may take its next step, and how fast it runs (no ROS).
+When a simulator in lockstep may take its next step, how fast it runs, and when a slower sensor is due (no ROS).
 
 In lockstep the simulated robot steps one control period, publishes ``/clock`` and its
 sensors, and waits for the policy node's answer for that tick (``~/tick_done``: the tick has
@@ -81,3 +81,30 @@ class RealTimeFactor:
         """Return the factor up to ``sim_time`` (nan before any wall-clock time passed)."""
         wall = self._wall() - self._wall0
         return (sim_time - self._sim0) / wall if wall > 0.0 else math.nan
+
+
+class Cadence:
+    """
+    When something periodic (a camera, the episode's tick) is next due, checked at a faster tick (physics).
+
+    Due every ``period`` on average, however the ticks fall; after a stall longer than a
+    period it starts afresh from then instead of catching up in a burst.
+    """
+
+    def __init__(self, period: float, start: float) -> None:
+        if not period > 0.0:
+            raise ValueError(f'a cadence needs a period > 0 s, got {period}')
+        self.period = period
+        self._due = start
+
+    def due(self, now: float) -> bool:
+        """Tell whether it is due at ``now``; when it is, the next one is counted from its due time."""
+        if now + TIME_EPSILON < self._due:
+            return False
+        late = now - self._due
+        self._due = (self._due if late < self.period else now) + self.period
+        return True
+
+    def restart(self, now: float) -> None:
+        """Count the next one from ``now`` (it just ran out of turn)."""
+        self._due = now + self.period

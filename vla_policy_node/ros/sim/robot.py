@@ -31,6 +31,11 @@ follows the wall clock, as a real arm does, at most ``MAX_CATCH_UP_S`` per physi
 simulator starved of CPU falls behind, and the episode line gives its real-time factor (in
 lockstep too). A failed episode's line also gives the node's last hold reason in it, read
 from its /diagnostics state.
+
+CPU: the robot shares the machine with the policy node, so it wakes its executor as little as
+it can: the controllers read their commands at each physics tick (``ros/sim/controllers.py``),
+and in real time one timer at the physics rate also runs the camera and the episode's tick
+when they are due (``Cadence``).
 """
 
 from __future__ import annotations
@@ -49,19 +54,18 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray, String
+from std_msgs.msg import String
 from std_srvs.srv import Trigger
-from trajectory_msgs.msg import JointTrajectory
 from vla_policy_interfaces.msg import Episode, TaskSuccess
 
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict, status_prefix
 from vla_policy_node.ros.qos import (CAMERA_QOS, CLOCK_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, EPISODE_QOS,
                                      INSTRUCTION_QOS, JOINT_STATES_QOS, TICK_DONE_QOS)
-from vla_policy_node.ros.sim.lockstep import Lockstep, RealTimeFactor
+from vla_policy_node.ros.sim.controllers import SimControllers
+from vla_policy_node.ros.sim.lockstep import Cadence, Lockstep, RealTimeFactor
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.robots import make_env, ROBOTS
-from vla_policy_node.sim.trajectory import TrajectoryFollower
 
 MAX_CATCH_UP_S = 0.1           # real time: the most physics one late physics tick runs
 SIM_START_S = 1.0              # lockstep: the first /clock (a zero stamp means "not stamped")
@@ -123,10 +127,6 @@ class SimRobot(Node):
         self._joints = list(self._env.joint_names)
         self._env.reset(np.random.default_rng(seed + 1))           # the arm's first pose
         self._rng = np.random.default_rng(seed)
-        # One follower per group of joints a controller drives, keyed by their indices.
-        self._followers: dict[tuple[int, ...], TrajectoryFollower] = {}
-        self._hold = self._env.q                       # where joints without a command stay
-        self._forward = self._indices(forward_joints) if forward_topic else None
         self.reports: list[EpisodeReport] = []
         self.finished = False
         self._phase = 'waiting'
@@ -137,7 +137,8 @@ class SimRobot(Node):
         self._last_physics = time.monotonic()
         self._sim_time = SIM_START_S                     # s simulated (lockstep: /clock)
         self._substeps = max(1, math.ceil(physics_rate / control_rate - 1e-9))
-        self._camera_due = self._sim_time
+        self._camera = Cadence(1.0 / camera_rate, self._now())
+        self._episode_tick = Cadence(1.0 / control_rate, self._now())
         self._rtf = RealTimeFactor()
         self._reset_future = None                        # the episode's ~/reset_episode call
         self._hold_seen = ''
@@ -153,13 +154,8 @@ class SimRobot(Node):
         self._node_episode: int | None = None          # the node's running episode (None: none, or it ended)
         self.create_subscription(Episode, f'{policy_node}/episode', self._on_node_episode, EPISODE_QOS)
         self._reset = self.create_client(Trigger, f'{policy_node}/reset_episode')
-        if interface == 'joint_trajectory':
-            self.create_subscription(JointTrajectory, command_topic, self._on_trajectory, COMMAND_QOS)
-        else:       # one forward controller for every joint
-            self._forward = tuple(range(len(self._joints)))
-            self.create_subscription(Float64MultiArray, command_topic, self._on_forward, COMMAND_QOS)
-        if forward_topic and interface == 'joint_trajectory':
-            self.create_subscription(Float64MultiArray, forward_topic, self._on_forward, COMMAND_QOS)
+        self._controllers = SimControllers(self, self._joints, self._env.q, self._env.dt, interface, command_topic,
+                                           forward_topic, forward_joints)
         self.create_subscription(DiagnosticArray, '/diagnostics', self._on_diagnostics, DIAGNOSTICS_QOS)
         self._keep_time(policy_node, physics_rate, camera_rate, control_rate)
 
@@ -170,10 +166,8 @@ class SimRobot(Node):
             self.create_subscription(Time, f'{policy_node}/tick_done', self._on_tick_done, TICK_DONE_QOS)
             self._answered = self.create_guard_condition(self._on_answered)
             self.create_timer(1.0 / control_rate, self._on_pacer)
-        else:
+        else:       # one wake per physics tick: the camera and the episode's tick run in it when due
             self.create_timer(1.0 / physics_rate, self._on_physics_tick)
-            self.create_timer(1.0 / camera_rate, self._on_camera_tick)
-            self.create_timer(1.0 / control_rate, self._on_episode_tick)
 
     def _now(self) -> float:
         """Return the simulator's time: simulated in lockstep, else the wall clock (monotonic)."""
@@ -186,47 +180,12 @@ class SimRobot(Node):
         return Time(sec=nanoseconds // 10**9, nanosec=nanoseconds % 10**9)
 
     # ------------------------------------------------------------------ commands
-    def _on_trajectory(self, msg: JointTrajectory) -> None:
-        if not msg.points:
-            return
-        joints = self._indices(list(msg.joint_names))
-        if joints is None:
-            return
-        times = [p.time_from_start.sec + 1e-9 * p.time_from_start.nanosec for p in msg.points]
-        try:
-            points = np.asarray([p.positions for p in msg.points], dtype=np.float64)
-        except ValueError:
-            self.get_logger().warning('ignoring a trajectory whose points differ in length')
-            return
-        self._follow(joints, times, points)
-
-    def _on_forward(self, msg: Float64MultiArray) -> None:
-        if self._forward is not None:
-            self._follow(self._forward, [self._env.dt], np.asarray(msg.data, dtype=np.float64)[None, :])
-
-    def _indices(self, names: list[str]) -> tuple[int, ...] | None:
-        """Return the indices of the named joints, or None (said in the log) when one is not this robot's."""
-        unknown = [n for n in names if n not in self._joints]
-        if unknown or not names:
-            self.get_logger().warning(f'joints {names} are not among {self._joints}: command ignored',
-                                      throttle_duration_sec=5.0)
-            return None
-        return tuple(self._joints.index(n) for n in names)
-
-    def _follow(self, joints: tuple[int, ...], times: list[float], points: np.ndarray) -> None:
-        now = self._now()
-        follower = TrajectoryFollower(len(joints))
-        try:
-            follower.set(now, self._env.q[list(joints)], np.asarray(times), points)
-        except ValueError as error:
-            self.get_logger().warning(f'ignoring command: {error}', throttle_duration_sec=5.0)
-            return
-        # A new controller group takes its joints from any group that drove them before.
-        for other in [g for g in self._followers if g != joints and set(g) & set(joints)]:
-            del self._followers[other]
-        self._followers[joints] = follower
-        if self._phase == 'running' and self._first_command is None:
-            self._first_command = now
+    def _take_commands(self) -> None:
+        """Let the controllers read the commands that came since the last physics tick (their update)."""
+        arrival = self._controllers.take(self._now(), self._env.q, arrived_now=self._lockstep)
+        if (arrival is not None and self._phase == 'running' and self._first_command is None
+                and arrival >= self._episode_start):
+            self._first_command = arrival
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         values = diagnostics_to_dict(msg).get(self._policy_status)
@@ -262,22 +221,19 @@ class SimRobot(Node):
             self.get_logger().info(f'waiting {what}')
 
     # ------------------------------------------------------------------ physics and sensors
-    def _target(self, now: float) -> np.ndarray:
-        """Return where the controllers drive the joints at ``now`` (the simulator's time)."""
-        target = self._hold.copy()
-        for joints, follower in self._followers.items():
-            desired = follower.desired(now)
-            if desired is not None:
-                target[list(joints)] = desired
-        return target
-
     def _on_physics_tick(self) -> None:
+        """Real time: physics up to now; then the camera and the episode's tick when they are due."""
+        self._take_commands()
         now = time.monotonic()
         seconds = min(now - self._last_physics, MAX_CATCH_UP_S)
-        self._env.drive(self._target(now), seconds)
+        self._env.drive(self._controllers.target(now), seconds)
         self._sim_time += seconds
         self._last_physics = now
         self._after_physics()
+        if self._camera.due(now):
+            self._on_camera_tick()
+        if self._episode_tick.due(now):
+            self._on_episode_tick()
 
     def _after_physics(self) -> None:
         if self._phase == 'running' and self._env.success:      # a touch since the episode began
@@ -296,9 +252,10 @@ class SimRobot(Node):
         which the node accepts). Otherwise the /clock goes first: a node just started has heard
         no /clock yet and would refuse stamps seconds ahead of its zero.
         """
+        self._take_commands()
         start, dt = self._sim_time, self._env.dt
         for i in range(1, self._substeps + 1):
-            self._env.drive(self._target(start + i * dt / self._substeps), dt / self._substeps)
+            self._env.drive(self._controllers.target(start + i * dt / self._substeps), dt / self._substeps)
         self._sim_time = start + dt
         self._pace.stepped(self._sim_time)
         running = self._phase == 'running'
@@ -306,7 +263,7 @@ class SimRobot(Node):
             self._clock_pub.publish(Clock(clock=self._stamp()))
         self._after_physics()
         self._on_episode_tick()
-        if self._sim_time + 1e-9 >= self._camera_due:
+        if self._camera.due(self._sim_time):
             self._on_camera_tick()
         if running:
             self._clock_pub.publish(Clock(clock=self._stamp()))
@@ -329,7 +286,7 @@ class SimRobot(Node):
         self._answered.trigger()
 
     def _on_answered(self) -> None:
-        """Step once the node answered the tick (in a guard: the commands it sent before are taken first)."""
+        """Step once the node answered the tick (in a guard, out of the answer's callback)."""
         if self._phase == 'running' and self._pace.answered:
             self._step()
 
@@ -350,7 +307,6 @@ class SimRobot(Node):
         msg = rgb_to_image(frame, frame_id=f'{self._env.camera_name}_camera')
         msg.header.stamp = self._stamp()
         self._camera_pub.publish(msg)
-        self._camera_due = self._sim_time + 1.0 / self._camera_rate
         if self._phase == 'running' and self._record and not self.reports:
             self._frames.append((max(0.0, self._now() - self._episode_start), frame))
 
@@ -372,9 +328,9 @@ class SimRobot(Node):
 
     def _start_episode(self) -> None:
         self._env.reset(self._rng, keep_pose=True)       # new blocks; the arm does not teleport
-        self._followers.clear()
-        self._hold = self._env.q
+        self._controllers.hold(self._env.q)
         self._on_camera_tick()                           # the new layout before the new task
+        self._camera.restart(self._now())
         if self._goal_driven:
             print(f'task: {self._env.scene.instruction!r} (send it as a RunInstruction goal)', flush=True)
             self._phase = 'running'
@@ -424,7 +380,9 @@ class SimRobot(Node):
         print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
 
     def destroy_node(self) -> None:
-        """Destroy the node, then release the simulation (the SO-101's renderer)."""
+        """Destroy the command subscriptions (they keep the node's handle), the node, then the simulation."""
+        if hasattr(self, '_controllers'):
+            self._controllers.destroy()
         super().destroy_node()
         if hasattr(self, '_env'):          # not when a parameter was refused
             self._env.close()

@@ -64,7 +64,8 @@ class So101TouchEnv:
         self.lower = self.model.actuator_ctrlrange[:6, 0].copy()
         self.upper = self.model.actuator_ctrlrange[:6, 1].copy()
         self._arm_qpos = np.array([self.model.jnt_qposadr[self.model.joint(n).id] for n in JOINT_NAMES])
-        self._gripper_bodies = {self.model.body("gripper").id, self.model.body("moving_jaw_so101_v1").id}
+        self._jaws = (self.model.body("gripper").id, self.model.body("moving_jaw_so101_v1").id)
+        self._block_bodies = {colour: self.model.body(colour).id for colour in BLOCK_COLOURS}
         self.block_half_size = float(self.model.geom("red").size[0])
         self._renderer: mujoco.Renderer | None = None
         self._substeps_owed = 0.0
@@ -133,14 +134,12 @@ class So101TouchEnv:
                 self.success = self.success or self.is_touching()
 
     def is_touching(self) -> bool:
-        """Whether a jaw touches the named block now."""
-        block = self.model.body(self._scene().target).id
-        bodies = self.model.geom_bodyid
-        for contact in self.data.contact[:self.data.ncon]:
-            pair = {bodies[contact.geom1], bodies[contact.geom2]}
-            if block in pair and pair & self._gripper_bodies:
-                return True
-        return False
+        """Whether a jaw touches the named block now (over all contacts at once: it runs every 10 ms)."""
+        contacts = self.data.contact[:self.data.ncon]
+        first, second = self.model.geom_bodyid[contacts.geom1], self.model.geom_bodyid[contacts.geom2]
+        (jaw, moving_jaw), block = self._jaws, self._block_bodies[self._scene().target]
+        return bool(np.any(((first == block) & ((second == jaw) | (second == moving_jaw)))
+                           | ((second == block) & ((first == jaw) | (first == moving_jaw)))))
 
     # ------------------------------------------------------------------ the camera
     def render(self) -> np.ndarray:
