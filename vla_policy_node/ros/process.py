@@ -19,6 +19,14 @@ from vla_policy_node.ros.params import ParameterError
 from vla_policy_node.ros.policy_loader import PolicyLoadError
 
 
+# How soon a thread waiting for the GIL makes its holder let go (Python's default: 5 ms). The
+# inference thread takes the GIL back after each of a chunk's thousands of torch ops; when the
+# executor thread held it then, the inference thread (and the core its OpenMP team waits on)
+# waited up to the whole interval. At 0.5 ms the full-size int8 closed loop's chunk p50 went from
+# 0.85-0.96 s to 0.76-0.78 s (BENCHMARKS.md, AMD EPYC, 2 vCPUs, 2026-12-06).
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 class StopRequested(BaseException):
     """SIGINT/SIGTERM while the node is still being built: nothing was commanded, so nothing to hold."""
 
@@ -71,6 +79,7 @@ def run_until_signal(build: Callable[[], Any], alive: Callable[[Any], bool], log
         rclpy.logging.get_logger(logger_name).info('stopped before the node was ready: nothing was commanded')
         rclpy.try_shutdown()
         return 0
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name='executor', daemon=True)
