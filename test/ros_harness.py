@@ -70,6 +70,15 @@ def ros_env(domain_id: int) -> dict[str, str]:
     return env
 
 
+def use_test_domain(monkeypatch) -> int:
+    """Point this process's ROS_* environment at the next test domain (loopback only); return its id."""
+    domain_id = next_domain_id()
+    for key, value in ros_env(domain_id).items():
+        if key.startswith('ROS_'):
+            monkeypatch.setenv(key, value)
+    return domain_id
+
+
 def installed_executable(name: str = 'vla_policy_node') -> Path:
     """Return the installed executable ``name`` (the package's own lookup, asserted to exist)."""
     try:
@@ -174,10 +183,7 @@ def sim_episodes(monkeypatch: Any, params_files: list[Path], checkpoint: Path, r
 
     from vla_policy_node.ros.sim.robot import SimRobot
 
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
+    domain_id = use_test_domain(monkeypatch)
     node = NodeProcess(params_files, domain_id, extra_args=('-p', f'checkpoint:={checkpoint}'))
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=domain_id)

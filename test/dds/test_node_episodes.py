@@ -19,7 +19,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, next_domain_id, RANDOM_WEIGHTS_ARGS, ros_env
+from ros_harness import DEFAULT_CONFIG, RANDOM_WEIGHTS_ARGS, use_test_domain
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 from test_node_integration import CONFIG, JOINTS, RobotProbe, wait_until
@@ -45,10 +45,7 @@ class ZeroRobot(RobotProbe):
 @pytest.fixture
 def running(monkeypatch):
     """Start the node in-process with a ScriptedPolicy; yield (node, policy, probe)."""
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
+    domain_id = use_test_domain(monkeypatch)
     policy = ScriptedPolicy()
     monkeypatch.setattr(node_module, 'make_policy', lambda *_: policy)
     context = rclpy.Context()

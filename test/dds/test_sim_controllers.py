@@ -16,7 +16,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, next_domain_id, ros_env, wait_until
+from ros_harness import DEFAULT_CONFIG, use_test_domain, wait_until
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_policy_node.ros.conversions import chunk_to_joint_trajectory
@@ -33,10 +33,7 @@ JOINTS = ('shoulder', 'elbow', 'wrist')
 @pytest.fixture
 def rig(monkeypatch):
     """Yield (the robot, the commander's publisher, spin(seconds, until)); the robot ticks in real time."""
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
+    domain_id = use_test_domain(monkeypatch)
     contexts = [rclpy.Context(), rclpy.Context()]
     for context in contexts:
         rclpy.init(context=context, domain_id=domain_id)

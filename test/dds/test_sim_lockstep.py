@@ -18,7 +18,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, next_domain_id, ros_env, sim_episodes
+from ros_harness import DEFAULT_CONFIG, next_domain_id, sim_episodes, use_test_domain
 from rosgraph_msgs.msg import Clock
 from std_srvs.srv import Trigger
 
@@ -81,10 +81,7 @@ def lockstep_robot(monkeypatch):
     made = []
 
     def make(**overrides):
-        domain_id = next_domain_id()
-        for key, value in ros_env(domain_id).items():
-            if key.startswith('ROS_'):
-                monkeypatch.setenv(key, value)
+        domain_id = use_test_domain(monkeypatch)
         fake = FakePolicyNode(domain_id)
         context = rclpy.Context()
         rclpy.init(context=context, domain_id=domain_id)
@@ -170,10 +167,7 @@ def test_sim_eval_runs_through_the_node_in_lockstep_and_in_real_time_when_asked(
     from unittest import mock
 
     from vla_policy_node.ros.sim import evaluation
-    domain_id = next_domain_id()
-    for key, value in ros_env(domain_id).items():
-        if key.startswith('ROS_'):
-            monkeypatch.setenv(key, value)
+    use_test_domain(monkeypatch)
     assert evaluation.main(['--robot', 'planar', '--episodes', '2', '--no-direct', '--seed', '11']) == 0
     out = capsys.readouterr().out
     assert 'through the node (DDS)' in out and 'success 2/2' in out, out

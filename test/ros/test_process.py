@@ -7,7 +7,7 @@ import signal
 import sys
 
 import pytest
-from ros_harness import next_domain_id, ros_env
+from ros_harness import use_test_domain
 
 from vla_policy_node.ros import process
 
@@ -32,8 +32,7 @@ class ProbeNode:
 
 
 def test_the_node_spins_with_the_short_switch_interval_and_stops_when_its_worker_ends(monkeypatch):
-    for key, value in ros_env(next_domain_id()).items():
-        monkeypatch.setenv(key, value)
+    use_test_domain(monkeypatch)
     default = sys.getswitchinterval()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     built: list[ProbeNode] = []
