@@ -180,3 +180,40 @@ def test_the_int8_vision_attention_multiplies_in_bfloat16_only_where_the_cpu_doe
     assert all(a.qkv_packed is not None for a in attns)
     with torch.no_grad():
         torch.testing.assert_close(program.module()(px), f32, atol=1e-5, rtol=0)
+
+
+def test_int8_smolvla_denoises_through_the_fixed_kv_kernel_at_a_batch_of_one():
+    """64-wide heads: int8 takes ``fixed_kv_attention`` at batch 1 only (same numbers as SDPA); float32 never."""
+    import dataclasses
+
+    from vla_policy_node.loading.load import init_weights, tiny_smolvla_config
+    from vla_policy_node.model.families.smolvla import SmolVLA
+    from vla_policy_node.model.prefix_cache import VLAPrefixCache
+    from vla_policy_node.model.types import ModelInputs
+
+    tiny = tiny_smolvla_config(("front",), 6, 6, chunk_size=8, num_steps=2)
+    wide = dataclasses.replace(tiny, text=dataclasses.replace(tiny.text, head_dim=64),
+                               expert=dataclasses.replace(tiny.expert, head_dim=64))
+    model = SmolVLA(wide).eval()
+    init_weights(model, torch.Generator().manual_seed(0))
+    cpu = torch.device("cpu")
+    assert not model._fixed_kv_attention(cpu, 1)
+    int8_linear.quantize_linears(model)
+    assert model._fixed_kv_attention(cpu, 1) and not model._fixed_kv_attention(cpu, 2)
+
+    g = torch.Generator().manual_seed(1)
+    inputs = ModelInputs(images=[torch.rand(1, 3, 32, 32, generator=g) * 2 - 1],
+                         image_masks=[torch.ones(1, dtype=torch.bool)],
+                         tokens=torch.randint(0, 200, (1, 5), generator=g),
+                         token_mask=torch.ones(1, 5, dtype=torch.bool), state=torch.randn(1, 32, generator=g))
+    x_t = torch.randn(1, 8, 32, generator=g)
+    velocities = []
+    with torch.no_grad():
+        for fixed in (True, False):
+            model.fixed_kv_at_batch_one = fixed
+            cache = VLAPrefixCache()
+            ctx = model.encode_prefix(inputs, cache)
+            cache.freeze(model.num_cache_layers)
+            assert ("cross_fixed" in ctx.extras) is fixed
+            velocities.append(model.velocity(x_t, model.time_conditioning(torch.tensor([1.0]))[0], ctx))
+    torch.testing.assert_close(velocities[0], velocities[1], rtol=1e-4, atol=1e-5)

@@ -63,8 +63,9 @@ def quantize_linears(model: nn.Module) -> int:
     Call after ``fuse_projections`` and instead of ``pack_linears``. The vision tower's q/k/v
     products are fused here too (int8 products are exact integer sums scaled per output channel,
     so one fused product gives the bits of three), and its attention multiplies in bfloat16
-    where the CPU does so natively (``vision.VisionAttention.products_dtype``). Raises ValueError
-    off the CPU or where this torch has no int8 matmul.
+    where the CPU does so natively (``vision.VisionAttention.products_dtype``); a family's denoising
+    attention at a batch of one takes its fixed-K/V kernel where it has one (``fixed_kv_at_batch_one``).
+    Raises ValueError off the CPU or where this torch has no int8 matmul.
     """
     if not available():
         raise ValueError(f"dtype int8 needs torch's quantized engine {ENGINE!r} (fbgemm); "
@@ -76,6 +77,8 @@ def quantize_linears(model: nn.Module) -> int:
             module.fuse()
             if native_bfloat16():
                 module.products_dtype = torch.bfloat16
+        if hasattr(module, "fixed_kv_at_batch_one"):
+            module.fixed_kv_at_batch_one = True
     count = 0
     for module, attr, weight in packing_targets(model):
         if weight.device.type != "cpu":

@@ -244,6 +244,9 @@ class SmolVLA(nn.Module):
     # Kept in float32 when the rest runs in bfloat16: norms, time/action MLPs, state projection.
     FLOAT32_MODULES = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in",
                        "action_time_mlp_out", "expert_norm")
+    fixed_kv_at_batch_one: bool = False
+    """Set by ``int8_linear.quantize_linears``: a batch of one denoises through ``fixed_kv_attention`` at any
+    head width (``_fixed_kv_attention``). float32 models keep the kernels their actions were validated with."""
 
     def __init__(self, config: SmolVLAConfig, attention_backend: str = "sdpa") -> None:
         super().__init__()
@@ -353,7 +356,7 @@ class SmolVLA(nn.Module):
             "cross_rope": rope_cos_sin(steps.expand(b, T), head_dim, base),
             "cross_kv": cross_kv,
         }
-        if self._fixed_kv_attention(device):
+        if self._fixed_kv_attention(device, b):
             # The cross-attention K/V and mask are the same at every denoising step: lay them out
             # once here (K transposed and scaled, the mask repeated per query head) instead of
             # letting the flash kernel redo it at each of the num_steps calls.
@@ -362,16 +365,20 @@ class SmolVLA(nn.Module):
                                      for kv in cross_kv]
         return extras
 
-    def _fixed_kv_attention(self, device: torch.device) -> bool:
+    def _fixed_kv_attention(self, device: torch.device, batch: int) -> bool:
         """
         Whether eager CPU float32 denoising attends through ``fixed_kv_attention`` (K/V laid out once per prefix).
 
-        Only for heads at most FIXED_KV_MAX_HEAD_DIM wide, where CPU flash attention is slow:
-        measured 1.17-1.33x faster than SDPA at 16- and 32-wide heads (batch 1-4, 50 queries),
-        but 0.37-0.69x at SmolVLA's 64-wide heads at batch 4 (the git history of BENCHMARKS.md).
+        For heads at most FIXED_KV_MAX_HEAD_DIM wide, where CPU flash attention is slow: measured
+        1.17-1.33x faster than SDPA at 16- and 32-wide heads (batch 1-4, 50 queries), but
+        0.37-0.69x at SmolVLA's 64-wide heads at batch 4 (the git history of BENCHMARKS.md). At a
+        batch of one (a robot's node) it wins at 64-wide heads too: 1.35-1.46x at smolvla_base's
+        50 queries over 108 and 158 keys (AMD EPYC, 2 threads), so int8 models take it there
+        (``fixed_kv_at_batch_one``).
         """
-        return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32
-                and self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM and not torch.compiler.is_compiling())
+        narrow = self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM or (batch == 1 and self.fixed_kv_at_batch_one)
+        return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32 and narrow
+                and not torch.compiler.is_compiling())
 
     # ----------------------------------------------------------------- suffix
     def time_conditioning(self, timesteps: Tensor) -> list[Tensor]:
@@ -385,7 +392,7 @@ class SmolVLA(nn.Module):
         h = self.action_time_mlp_out(in_place.silu_of_sum(action_half(self.action_time_mlp_in, a), time_cond))
         h = h.to(self.dtype)
         ex = ctx.extras
-        self_backend = FIXED_KV_SDPA if self._fixed_kv_attention(h.device) else self.backend
+        self_backend = FIXED_KV_SDPA if self._fixed_kv_attention(h.device, h.shape[0]) else self.backend
         for n, i in enumerate(sorted(self.expert_at)):
             layer = self.expert_layers[self.expert_at[i]]
             if ex["cross_kv"][n] is None:
