@@ -257,7 +257,7 @@ class SimRobot(Node):
                 self._on_episode_tick()
 
     def _on_physics_error(self, error: Exception) -> None:
-        """The physics thread failed: say so and raise it from the executor's spin (quiet when ROS shut down)."""
+        """Say that the physics thread failed and raise it from the executor's spin (quiet when ROS shut down)."""
         if not self.context.ok():
             return                      # the process ends: its context went first (Ctrl-C, SIGTERM)
         self._physics_error = error
