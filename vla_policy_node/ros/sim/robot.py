@@ -80,6 +80,7 @@ from vla_policy_node.sim.robots import make_env, ROBOTS
 
 MAX_CATCH_UP_S = 0.1           # real time: the most physics one late physics tick runs
 SIM_START_S = 1.0              # lockstep: the first /clock (a zero stamp means "not stamped")
+SPIN_TIMEOUT_S = 0.2           # a spin returns at each callback; idle wakes of the executor cost CPU
 HOLDING = 'holding: '
 SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
 
@@ -462,7 +463,7 @@ def spin_episodes(robot: SimRobot) -> None:
     try:
         while rclpy.ok() and not robot.finished and (
                 robot.duration <= 0.0 or time.monotonic() - started < robot.duration):
-            rclpy.spin_once(robot, timeout_sec=0.05)
+            rclpy.spin_once(robot, timeout_sec=SPIN_TIMEOUT_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except RuntimeError:            # RCLError: SIGTERM shut the context down between ok() and the wait
