@@ -212,7 +212,7 @@ def test_the_tick_and_the_callbacks_use_the_episodes_state_only_under_the_lock(r
     robot._reset.service_is_ready = lambda: True            # a node that is always ready; its reset never answers
     holds = {''}
 
-    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     @given(EVENTS)
     def interleave(events):
         for kind, value in events:      # the test thread plays the executor: it calls the callbacks
