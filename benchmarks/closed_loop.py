@@ -104,7 +104,7 @@ def episode(sim, node: subprocess.Popen, duration: float, ready_timeout: float) 
     first = last = None
     latencies, received = [], None
     while time.monotonic() - started < duration:
-        rclpy.spin_once(sim, timeout_sec=0.02)
+        rclpy.spin_once(sim, timeout_sec=0.2)      # returns at each /diagnostics; idle wakes cost the node CPU
         values = sim._policy
         if not values or node.poll() is not None:
             continue

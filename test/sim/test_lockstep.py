@@ -106,7 +106,7 @@ def test_the_episode_line_gives_the_real_time_factor_and_a_failures_hold_reason(
 
 @given(st.floats(0.004, 0.05), st.floats(2.0, 5.0), st.lists(st.floats(0.0, 0.9), min_size=200, max_size=400))
 def test_a_cadence_checked_at_a_faster_tick_keeps_its_rate_without_bursts(tick, ratio, lateness):
-    """E.g. a 30 Hz camera on a 100 Hz physics timer whose ticks come late by up to most of a tick (no stall)."""
+    """E.g. a 30 Hz camera on 100 Hz physics ticks that come late by up to most of a tick (no stall)."""
     period = tick * ratio
     cadence = Cadence(period, 0.0)
     times = list(itertools.accumulate((k * tick + late * tick for k, late in enumerate(lateness)), max))

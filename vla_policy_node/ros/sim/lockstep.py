@@ -97,6 +97,11 @@ class Cadence:
         self.period = period
         self._due = start
 
+    @property
+    def next_due(self) -> float:
+        """Return when it is next due."""
+        return self._due
+
     def due(self, now: float) -> bool:
         """Tell whether it is due at ``now``; when it is, the next one is counted from its due time."""
         if now + TIME_EPSILON < self._due:

@@ -34,8 +34,16 @@ from its /diagnostics state.
 
 CPU: the robot shares the machine with the policy node, so it wakes its executor as little as
 it can: the controllers read their commands at each physics tick (``ros/sim/controllers.py``),
-and in real time one timer at the physics rate also runs the camera and the episode's tick
-when they are due (``Cadence``).
+and in real time the physics ticks run on a thread of their own (``ros/sim/pacing.py``: no
+executor wake per tick), which also runs the camera and the episode's tick when they are due
+(``Cadence``) and so renders: the renderer's GL context is made and released on that thread.
+
+Threads (real time): ``_lock`` is held by the physics tick and by each executor callback that
+touches what the tick does (the episode, the node's status and episode, the controllers, the
+env). Whoever reads the robot from outside without it (``finished``, ``reports``, ``_phase``,
+``_policy``) gets a consistent value because these are only ever replaced whole or appended to.
+A tick that raises ends the thread, is logged and re-raised from the executor's spin, as a
+failing timer callback's exception is.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from dataclasses import dataclass
 import math
 from pathlib import Path
 import re
+import threading
 import time
+import traceback
 
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray
@@ -64,11 +74,13 @@ from vla_policy_node.ros.qos import (CAMERA_QOS, CLOCK_QOS, COMMAND_QOS, DIAGNOS
                                      INSTRUCTION_QOS, JOINT_STATES_QOS, TICK_DONE_QOS)
 from vla_policy_node.ros.sim.controllers import SimControllers
 from vla_policy_node.ros.sim.lockstep import Cadence, Lockstep, RealTimeFactor
+from vla_policy_node.ros.sim.pacing import PacedThread
 from vla_policy_node.sim.recording import save_gif, save_strip
 from vla_policy_node.sim.robots import make_env, ROBOTS
 
 MAX_CATCH_UP_S = 0.1           # real time: the most physics one late physics tick runs
 SIM_START_S = 1.0              # lockstep: the first /clock (a zero stamp means "not stamped")
+SPIN_TIMEOUT_S = 0.2           # a spin returns at each callback; idle wakes of the executor cost CPU
 HOLDING = 'holding: '
 SUCCESS_RATE = re.compile(r'^success rate: (?P<wins>\d+)/(?P<done>\d+) = ', re.MULTILINE)
 
@@ -122,6 +134,9 @@ class SimRobot(Node):
         self._goal_driven = declare('goal_driven', False).value
         # true: /clock and one control period per answer of the node (use_sim_time); false: real time.
         self._lockstep = declare('lockstep', False).value
+        self._lock = threading.Lock()                   # real time: the physics thread's and the callbacks'
+        self._physics: PacedThread | None = None
+        self._physics_error: Exception | None = None
         self._pace = Lockstep(declare('lockstep_timeout', 5.0).value)
         self._env = make_env(robot, dt=1.0 / control_rate, max_steps=self._max_steps)
         self._joints = list(self._env.joint_names)
@@ -166,8 +181,12 @@ class SimRobot(Node):
             self.create_subscription(Time, f'{policy_node}/tick_done', self._on_tick_done, TICK_DONE_QOS)
             self._answered = self.create_guard_condition(self._on_answered)
             self.create_timer(1.0 / control_rate, self._on_pacer)
-        else:       # one wake per physics tick: the camera and the episode's tick run in it when due
-            self.create_timer(1.0 / physics_rate, self._on_physics_tick)
+        else:       # a thread of physics ticks: the camera and the episode's tick run in it when due
+            self._env.close()           # the first image's GL context is this thread's: the physics one makes its own
+            self._physics_failed = self.create_guard_condition(self._on_physics_failed)
+            self._physics = PacedThread('vla_policy_sim_physics', 1.0 / physics_rate, self._on_physics_tick,
+                                        self._on_physics_error, release=self._env.close)
+            self._physics.start()
 
     def _now(self) -> float:
         """Return the simulator's time: simulated in lockstep, else the wall clock (monotonic)."""
@@ -190,13 +209,15 @@ class SimRobot(Node):
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         values = diagnostics_to_dict(msg).get(self._policy_status)
         if values is not None:
-            self._policy = values
             state = values.get('state', '')
-            if self._phase == 'running' and state.startswith(HOLDING):
-                self._hold_seen = state[len(HOLDING):]
+            with self._lock:
+                self._policy = values
+                if self._phase == 'running' and state.startswith(HOLDING):
+                    self._hold_seen = state[len(HOLDING):]
 
     def _on_node_episode(self, msg: Episode) -> None:
-        self._node_episode = msg.episode if msg.event == Episode.STARTED else None
+        with self._lock:
+            self._node_episode = msg.episode if msg.event == Episode.STARTED else None
 
     def _node_ready(self) -> bool:
         """
@@ -222,18 +243,31 @@ class SimRobot(Node):
 
     # ------------------------------------------------------------------ physics and sensors
     def _on_physics_tick(self) -> None:
-        """Real time: physics up to now; then the camera and the episode's tick when they are due."""
-        self._take_commands()
-        now = time.monotonic()
-        seconds = min(now - self._last_physics, MAX_CATCH_UP_S)
-        self._env.drive(self._controllers.target(now), seconds)
-        self._sim_time += seconds
-        self._last_physics = now
-        self._after_physics()
-        if self._camera.due(now):
-            self._on_camera_tick()
-        if self._episode_tick.due(now):
-            self._on_episode_tick()
+        """Real time (the physics thread): physics up to now; then the camera and the episode's tick when due."""
+        with self._lock:
+            self._take_commands()
+            now = time.monotonic()
+            seconds = min(now - self._last_physics, MAX_CATCH_UP_S)
+            self._env.drive(self._controllers.target(now), seconds)
+            self._sim_time += seconds
+            self._last_physics = now
+            self._after_physics()
+            if self._camera.due(now):
+                self._on_camera_tick()
+            if self._episode_tick.due(now):
+                self._on_episode_tick()
+
+    def _on_physics_error(self, error: Exception) -> None:
+        """Say that the physics thread failed and raise it from the executor's spin (quiet when ROS shut down)."""
+        if not self.context.ok():
+            return                      # the process ends: its context went first (Ctrl-C, SIGTERM)
+        self._physics_error = error
+        self.get_logger().error('the physics thread failed, the simulation stops:\n'
+                                + ''.join(traceback.format_exception(error)))
+        self._physics_failed.trigger()
+
+    def _on_physics_failed(self) -> None:
+        raise self._physics_error
 
     def _after_physics(self) -> None:
         if self._phase == 'running' and self._env.success:      # a touch since the episode began
@@ -380,7 +414,9 @@ class SimRobot(Node):
         print(f'saved the first episode: {gif.resolve()} and {png.resolve()}', flush=True)
 
     def destroy_node(self) -> None:
-        """Destroy the command subscriptions (they keep the node's handle), the node, then the simulation."""
+        """Stop the physics thread; destroy the command subscriptions (they keep the node's handle), node, env."""
+        if getattr(self, '_physics', None) is not None:
+            self._physics.stop()
         if hasattr(self, '_controllers'):
             self._controllers.destroy()
         super().destroy_node()
@@ -421,21 +457,28 @@ def format_report(index: int, total: int, report: EpisodeReport) -> str:
             f'first command {first}  policy p50 {p50}{rtf}{late}{held}')
 
 
-def main(args: list[str] | None = None) -> int:
-    """Run ``episodes`` episodes (0 = until Ctrl-C or ``duration``), then print the success rate."""
-    rclpy.init(args=args)
-    robot = SimRobot()
+def spin_episodes(robot: SimRobot) -> None:
+    """Spin ``robot`` until its episodes or its ``duration`` are over, Ctrl-C or SIGTERM."""
     started = time.monotonic()
     try:
         while rclpy.ok() and not robot.finished and (
                 robot.duration <= 0.0 or time.monotonic() - started < robot.duration):
-            rclpy.spin_once(robot, timeout_sec=0.05)
+            rclpy.spin_once(robot, timeout_sec=SPIN_TIMEOUT_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except RuntimeError:            # RCLError: SIGTERM shut the context down between ok() and the wait
         if rclpy.ok():
             raise
-    print(robot.summary(), flush=True)
-    robot.destroy_node()
-    rclpy.try_shutdown()
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run ``episodes`` episodes (0 = until Ctrl-C or ``duration``), then print the success rate."""
+    rclpy.init(args=args)
+    robot = SimRobot()
+    try:
+        spin_episodes(robot)
+        print(robot.summary(), flush=True)
+    finally:                        # the physics thread ends with the node, also when a tick raised
+        robot.destroy_node()
+        rclpy.try_shutdown()
     return 0 if robot.finished or robot.episodes <= 0 else 1
