@@ -126,7 +126,8 @@ def test_attention_over_a_fixed_kv_layout_equals_sdpa():
         assert torch.isfinite(fixed).all()
 
 
-@pytest.mark.parametrize("batch, heads, n, block_bytes", [(1, 12, 1024, 6 << 20), (2, 3, 50, 1), (1, 4, 37, 1 << 30)])
+@pytest.mark.parametrize("batch, heads, n, block_bytes",
+                         [(1, 12, 1024, 6 << 20), (2, 3, 50, 1), (1, 4, 37, 1 << 30), (1, 12, 64, 5 * 64 * 64 * 2)])
 def test_low_precision_attention_is_sdpa_within_bfloat16_rounding(monkeypatch, batch, heads, n, block_bytes):
     """The int8 vision tower's attention: bfloat16 products, any head blocking, q/k/v as strided views of one qkv."""
     monkeypatch.setattr(attention_module, "LOW_PRECISION_BLOCK_BYTES", block_bytes)
@@ -139,6 +140,12 @@ def test_low_precision_attention_is_sdpa_within_bfloat16_rounding(monkeypatch, b
     assert got.dtype == torch.float32 and got.shape == want.shape
     assert got.transpose(1, 2).is_contiguous()          # the heads merge back into (B, N, C) without a copy
     assert (got - want).abs().max() < 0.02 * want.abs().max()
+    # The scores buffer the softmax overwrites gives the bits of new tensors per block (the last one shorter).
+    block = max(1, block_bytes // (n * n * 2))
+    qs, ks, vs = ((t * (64 ** -0.5 if t is q else 1)).bfloat16().reshape(batch * heads, n, 64) for t in (q, k, v))
+    blocks = [torch.bmm(torch.softmax(torch.bmm(qs[s:s + block], ks[s:s + block].transpose(1, 2)), dim=-1),
+                        vs[s:s + block]) for s in range(0, batch * heads, block)]
+    assert torch.equal(got, torch.cat(blocks).view(batch, heads, n, 64).float())
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])

@@ -92,8 +92,9 @@ def low_precision_attention(q: Tensor, k: Tensor, v: Tensor, dtype: torch.dtype)
     on CPUs with native bfloat16: SDPA's flash kernel multiplies in float32 (and in bfloat16 it is
     no faster), while oneDNN's bfloat16 products run at twice the float32 rate. The softmax reads
     bfloat16 scores and sums in float32 (ATen); the heads go in blocks whose scores stay in the
-    cache. Rounding q, k, v, scores and probabilities to bfloat16 costs about 1% of the largest
-    output, less than the int8 activations around it (BENCHMARKS.md).
+    cache, in one buffer that the softmax overwrites (the same bits as a new one, 1.04x). Rounding
+    q, k, v, scores and probabilities to bfloat16 costs about 1% of the largest output, less than
+    the int8 activations around it (BENCHMARKS.md).
     """
     b, h, n, d = q.shape
     lk = k.shape[2]
@@ -102,9 +103,11 @@ def low_precision_attention(q: Tensor, k: Tensor, v: Tensor, dtype: torch.dtype)
     vs = torch.empty(b, h, lk, d, dtype=dtype).copy_(v).view(b * h, lk, d)
     out = torch.empty(b * h, n, d, dtype=dtype)
     block = max(1, LOW_PRECISION_BLOCK_BYTES // (n * lk * out.element_size()))
+    scores = torch.empty(min(block, b * h), n, lk, dtype=dtype)      # one buffer, the softmax in place
     for s in range(0, b * h, block):
-        e = s + block
-        torch.bmm(torch.softmax(torch.bmm(qs[s:e], ks[s:e]), dim=-1), vs[s:e], out=out[s:e])
+        e = min(s + block, b * h)
+        block_scores = torch.bmm(qs[s:e], ks[s:e], out=scores[:e - s])
+        torch.bmm(torch.softmax(block_scores, dim=-1, out=block_scores), vs[s:e], out=out[s:e])
     result = torch.empty(b, n, h, d, dtype=q.dtype)
     result.transpose(1, 2).copy_(out.view(b, h, n, d))
     return result.transpose(1, 2)
