@@ -79,6 +79,22 @@ def use_test_domain(monkeypatch) -> int:
     return domain_id
 
 
+@contextmanager
+def contexts_in_test_domain(monkeypatch, count: int = 2) -> Iterator[list[Any]]:
+    """Yield ``count`` rclpy contexts initialised in the next test domain (a node and peers), then shut them down."""
+    import rclpy
+
+    domain_id = use_test_domain(monkeypatch)
+    contexts = [rclpy.Context() for _ in range(count)]
+    for context in contexts:
+        rclpy.init(context=context, domain_id=domain_id)
+    try:
+        yield contexts
+    finally:
+        for context in contexts:
+            rclpy.try_shutdown(context=context)
+
+
 def installed_executable(name: str = 'vla_policy_node') -> Path:
     """Return the installed executable ``name`` (the package's own lookup, asserted to exist)."""
     try:

@@ -16,7 +16,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, use_test_domain, wait_until
+from ros_harness import contexts_in_test_domain, DEFAULT_CONFIG, wait_until
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_policy_node.ros.conversions import chunk_to_joint_trajectory
@@ -33,30 +33,25 @@ JOINTS = ('shoulder', 'elbow', 'wrist')
 @pytest.fixture
 def rig(monkeypatch):
     """Yield (the robot, the commander's publisher, spin(seconds, until)); the robot ticks in real time."""
-    domain_id = use_test_domain(monkeypatch)
-    contexts = [rclpy.Context(), rclpy.Context()]
-    for context in contexts:
-        rclpy.init(context=context, domain_id=domain_id)
-    robot = SimRobot(context=contexts[0], cli_args=['--ros-args', '--params-file', str(PLANAR_CONFIG)],
-                     parameter_overrides=[Parameter('episodes', value=0)])
-    commander = rclpy.create_node('commander', context=contexts[1])
-    publisher = commander.create_publisher(JointTrajectory, TOPIC, COMMAND_QOS)
-    executor = SingleThreadedExecutor(context=contexts[0])
-    executor.add_node(robot)
+    with contexts_in_test_domain(monkeypatch) as contexts:
+        robot = SimRobot(context=contexts[0], cli_args=['--ros-args', '--params-file', str(PLANAR_CONFIG)],
+                         parameter_overrides=[Parameter('episodes', value=0)])
+        commander = rclpy.create_node('commander', context=contexts[1])
+        publisher = commander.create_publisher(JointTrajectory, TOPIC, COMMAND_QOS)
+        executor = SingleThreadedExecutor(context=contexts[0])
+        executor.add_node(robot)
 
-    def spin(seconds: float, until=lambda: False) -> bool:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and not until():
-            executor.spin_once(timeout_sec=0.005)
-        return until()
+        def spin(seconds: float, until=lambda: False) -> bool:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not until():
+                executor.spin_once(timeout_sec=0.005)
+            return until()
 
-    assert wait_until(lambda: publisher.get_subscription_count() > 0, 10.0)
-    yield robot, publisher, spin
-    executor.shutdown(timeout_sec=1.0)
-    robot.destroy_node()
-    commander.destroy_node()
-    for context in contexts:
-        rclpy.try_shutdown(context=context)
+        assert wait_until(lambda: publisher.get_subscription_count() > 0, 10.0)
+        yield robot, publisher, spin
+        executor.shutdown(timeout_sec=1.0)
+        robot.destroy_node()
+        commander.destroy_node()
 
 
 def trajectory(target: list[float], joints=JOINTS) -> JointTrajectory:

@@ -20,7 +20,7 @@ import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_harness import DEFAULT_CONFIG, use_test_domain, wait_until
+from ros_harness import contexts_in_test_domain, DEFAULT_CONFIG, wait_until
 from sensor_msgs.msg import Image, JointState
 from vla_policy_interfaces.msg import Episode
 
@@ -36,29 +36,24 @@ SHARED = ('_phase', '_policy', '_hold_seen', '_node_episode')     # what the tic
 @pytest.fixture
 def rig(monkeypatch):
     """Yield make(robot class, params file, overrides) -> (robot, its executor, the peer node)."""
-    domain_id = use_test_domain(monkeypatch)
-    contexts = [rclpy.Context(), rclpy.Context()]
-    for context in contexts:
-        rclpy.init(context=context, domain_id=domain_id)
-    peer = rclpy.create_node('peer', context=contexts[1])
-    made = []
+    with contexts_in_test_domain(monkeypatch) as contexts:
+        peer = rclpy.create_node('peer', context=contexts[1])
+        made = []
 
-    def make(cls=SimRobot, params=PLANAR_CONFIG, **overrides):
-        args = ['--ros-args', '--params-file', str(params)] if params else []
-        robot = cls(context=contexts[0], cli_args=args, parameter_overrides=[
-            Parameter(k, value=v) for k, v in {'episodes': 0, **overrides}.items()])
-        executor = SingleThreadedExecutor(context=contexts[0])
-        executor.add_node(robot)
-        made.append((robot, executor))
-        return robot, executor, peer
+        def make(cls=SimRobot, params=PLANAR_CONFIG, **overrides):
+            args = ['--ros-args', '--params-file', str(params)] if params else []
+            robot = cls(context=contexts[0], cli_args=args, parameter_overrides=[
+                Parameter(k, value=v) for k, v in {'episodes': 0, **overrides}.items()])
+            executor = SingleThreadedExecutor(context=contexts[0])
+            executor.add_node(robot)
+            made.append((robot, executor))
+            return robot, executor, peer
 
-    yield make
-    for robot, executor in made:
-        executor.shutdown(timeout_sec=1.0)
-        robot.destroy_node()
-    peer.destroy_node()
-    for context in contexts:
-        rclpy.try_shutdown(context=context)
+        yield make
+        for robot, executor in made:
+            executor.shutdown(timeout_sec=1.0)
+            robot.destroy_node()
+        peer.destroy_node()
 
 
 def listen(peer, kind, topic: str, qos) -> list[float]:
