@@ -376,8 +376,8 @@ class SmolVLA(nn.Module):
         50 queries over 108 and 158 keys (AMD EPYC, 2 threads), so int8 models take it there
         (``fixed_kv_at_batch_one``).
         """
-        narrow = self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM or (batch == 1 and self.fixed_kv_at_batch_one)
-        return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32 and narrow
+        wins = self.config.text.head_dim <= FIXED_KV_MAX_HEAD_DIM or (batch == 1 and self.fixed_kv_at_batch_one)
+        return (device.type == "cpu" and self.backend == "sdpa" and self.dtype == torch.float32 and wins
                 and not torch.compiler.is_compiling())
 
     # ----------------------------------------------------------------- suffix
