@@ -52,7 +52,8 @@ def node_overrides(path: Path, checkpoint: Path, args: argparse.Namespace) -> No
     """Write the benchmark's parameters over demo.yaml's (JSON is YAML)."""
     params = {"/**/vla_policy_node": {"ros__parameters": {
         "checkpoint": str(checkpoint), "dtype": args.dtype, "device": "cpu", "num_threads": args.threads,
-        "compile": args.compile, "camera_names": ["cam0"], "control_rate_hz": RATE_HZ, "diagnostics_period": 0.5,
+        "compile": args.compile, "trace": not args.no_trace, "camera_names": ["cam0"], "control_rate_hz": RATE_HZ,
+        "diagnostics_period": 0.5,
         "policy_deadline": 10.0, "max_observation_age": args.max_observation_age,
         "chunking": {"horizon": HORIZON, "refill_threshold": args.refill_threshold, "blend": args.blend},
         "limits": {"max_tracking_error": [0.0] * 6},
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="vla-policy-bench's random checkpoint (tiny: for tests of the benchmark itself)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compile", action="store_true", help="the node's compile parameter")
+    p.add_argument("--no-trace", action="store_true", help="the node's trace parameter off (eager in Python)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--duration", type=float, default=60.0, help="s of the episode measured")
     p.add_argument("--refill-threshold", type=float, default=1.0,

@@ -153,7 +153,8 @@ def server_settings(**changes):
     from vla_policy_node.ros.server.node import ServerSettings
     return ServerSettings(**{
         'checkpoint': '', 'allow_random_weights': True, 'checkpoint_root': '', 'device': 'cpu', 'dtype': 'float32',
-        'cuda_graphs': False, 'torch_compile': False, 'compile_cache_dir': '', 'num_threads': 1, 'tiny_chunk_size': 8,
+        'cuda_graphs': False, 'torch_compile': False, 'compile_cache_dir': '', 'trace': False, 'num_threads': 1,
+        'tiny_chunk_size': 8,
         'tiny_num_steps': 2, 'tiny_seed': 0, 'camera_names': ('front',), 'joint_names': ('a', 'b'),
         'diagnostics_period': 1.0, 'batch_window': 0.0, 'batch_max_size': 6, 'batch_max_queued_mib': 1024,
         'heartbeat_period': 0.1, **changes})

@@ -94,6 +94,26 @@ def test_dds_mode_passes_compile_to_the_node(tmp_path):
     assert params["limits"]["max_tracking_error"] == [0.0]
 
 
+def test_bench_traces_as_the_node_does(tmp_path, monkeypatch, capsys):
+    """--trace: the warm-up traces each prompt length bucket and the timed chunks replay them."""
+    monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")
+    r = run_bench(tmp_path, "--trace", "--naive-iters", "0")
+    assert r["config"]["traced"] == 3 and r["config"]["trace_report"] == ""
+    assert "eager chunks replayed from 3 traces (--trace)" in capsys.readouterr().out
+    assert r["stages"]["total"]["n"] == 2
+
+
+def test_traced_pair_alternates_traced_and_python_chunks(tmp_path):
+    from benchmarks import traced_pair
+    out = tmp_path / "pair.json"
+    assert traced_pair.main(["tiny", "--dtype", "float32", "--threads", "1", "--rounds", "2", "--beside",
+                             "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["traces"] == 3 and r["max_action_diff_relative"] < 1e-5
+    for case in ("alone", "beside"):
+        assert r[case]["traced_median_ms"] > 0 and r[case]["python_median_ms"] > 0
+
+
 def test_bench_batch_and_longest_padding(tmp_path, monkeypatch):
     """--batch stacks rows with prompts of different lengths; --padding longest pads them to the longest only."""
     monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")

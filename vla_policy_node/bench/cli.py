@@ -184,7 +184,7 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     load_s = time.perf_counter() - t_load
     progress(f"loaded in {load_s:.1f} s: {policy.describe()}")
     held = tensor_bytes(policy.model)
-    policy.runtime.configure(RuntimeConfig(cuda_graphs=args.cuda_graphs, torch_compile=args.compile))
+    policy.runtime.configure(RuntimeConfig(cuda_graphs=args.cuda_graphs, torch_compile=args.compile, trace=args.trace))
     frame = checkpoints.CAMERA_FRAME.get(args.config) if not args.checkpoint else None
     frame = frame or policy.preprocessor.image_size
     obs, noise_np = make_observation(policy, frame, args.seed, args.batch)
@@ -243,6 +243,7 @@ def describe_run(args: argparse.Namespace, policy, inputs, frame, threads: int, 
             "threads_used": policy.threads or threads, "threads_report": policy.threads_report,
             "compiled": policy.runtime.torch_compile, "compile_report": policy.compile_report,
             "cuda_graphs": bool(policy.runtime.cuda_graphs_active), "compile": args.compile,
+            "traced": len(policy.runtime.traces.signatures), "trace_report": policy.runtime.traces.report,
             "iters": args.iters, "warmup": args.warmup, "num_steps": policy.num_steps,
             "chunk_size": policy.chunk_size, "prefix_tokens": prefix_tokens,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
@@ -295,6 +296,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="replay the prefix pass and the denoising loop as CUDA graphs (CUDA only)")
     p.add_argument("--compile", action="store_true",
                    help="compile the prefix pass and the denoising loop ahead of time (AOTInductor, in the warm-up)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace the eager chunk in the warm-up and replay it, as the node does (its trace parameter)")
     p.add_argument("--no-lerobot", action="store_true", help="skip the LeRobot comparison")
     p.add_argument("--no-pack", action="store_true",
                    help="CPU: keep no oneDNN-packed weight copies (half the memory, slower float32 matmuls)")

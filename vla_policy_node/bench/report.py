@@ -30,7 +30,8 @@ def table(result: dict) -> str:
              f"{c['device']} {c['dtype']}, {c['threads']} threads ({c['threads_used']} used), "
              f"{c['prefix_tokens']} prefix tokens, "
              f"{c['num_steps']} steps, chunk {c['chunk_size']}, {c['iters']} iterations after {c['warmup']} warm-up",
-             *(report for report in (c["compile_report"], c["threads_report"]) if report),
+             *(report for report in (c["compile_report"], c["threads_report"], c.get("trace_report")) if report),
+             *([f"eager chunks replayed from {c['traced']} traces (--trace)"] if c.get("traced") else []),
              f"{'stage':<22}{'median ms':>12}{'p95 ms':>12}{'max ms':>12}"]
     names = {"denoise_step": "denoise step (each)", "denoise": f"denoise ({c['num_steps']} steps)"}
     for stage in STAGES:

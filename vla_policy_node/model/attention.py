@@ -65,7 +65,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, backend: str = "sdp
         scale = q.shape[-1] ** -0.5
     if backend in ("sdpa", FIXED_KV_SDPA):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale,
-                                             enable_gqa=n_rep > 1)
+                                             enable_gqa=bool(n_rep > 1))
         return out
     if backend != "eager":
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")

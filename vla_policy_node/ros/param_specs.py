@@ -130,6 +130,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec('compile_cache_dir', '', 'Folder of the compiled programs kept across starts '
               '(with compile); empty: $VLA_POLICY_NODE_CACHE_DIR, else '
               '$XDG_CACHE_HOME/vla_policy_node, else ~/.cache/vla_policy_node.'),
+    ParamSpec('trace', True, 'On the CPU, trace the eager chunk (TorchScript) in the warm-up, '
+              'one trace per prompt length bucket, and replay it: the same ops without Python between them '
+              'and with the GIL released. A trace is kept only where it gives eager\'s bits on other inputs.'),
     ParamSpec('num_threads', 0, 'Torch CPU threads at most (the warm-up may keep fewer for an '
               'eager policy, if faster); 0 keeps torch\'s default.',
               bounds=(0, 256)),

@@ -49,6 +49,7 @@ class PolicySettings:
     cuda_graphs: bool
     torch_compile: bool
     compile_cache_dir: str
+    trace: bool
     num_threads: int
     tiny_chunk_size: int
     tiny_num_steps: int
@@ -174,6 +175,7 @@ def policy_settings_fields(values: Mapping[str, Any]) -> dict[str, Any]:
         cuda_graphs=values['cuda_graphs'],
         torch_compile=values['compile'],
         compile_cache_dir=values['compile_cache_dir'],
+        trace=values['trace'],
         num_threads=values['num_threads'],
         tiny_chunk_size=values['tiny_model.chunk_size'],
         tiny_num_steps=values['tiny_model.num_steps'],

@@ -68,6 +68,7 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None], warn: Cal
     runtime = policy.runtime
     config = RuntimeConfig(
         cuda_graphs=settings.cuda_graphs, torch_compile=compile_code, batch_sizes=tuple(batch_sizes),
+        trace=settings.trace,
         compile_cache_dir=Path(settings.compile_cache_dir).expanduser() if settings.compile_cache_dir else None)
     _warm_up(policy, config, warn)
     if runtime.program_cache is not None:
@@ -78,6 +79,8 @@ def make_policy(settings: PolicySettings, info: Callable[[str], None], warn: Cal
         warn(policy.build_report)
     if policy.compile_report:
         (info if runtime.torch_compile else warn)(policy.compile_report)
+    if runtime.traces.report:
+        warn(runtime.traces.report)
     if policy.threads_report:
         info(policy.threads_report)
     info(f'policy ready: {policy.describe()}' + (' (compiled)' if runtime.torch_compile else '')

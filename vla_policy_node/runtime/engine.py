@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vla_policy_node.runtime import traced
 from vla_policy_node.runtime.compiled import CompiledSample, input_signature
 from vla_policy_node.model.flow import VelocityFn, euler_integrate, euler_schedule
 from vla_policy_node.model.prefix_cache import PrefixContext, VLAPrefixCache
@@ -54,6 +55,7 @@ class RuntimeConfig:
     cuda_graphs: bool = False                  # capture the prefix pass and the loop; acts on CUDA only
     torch_compile: bool = False                # compile them (CUDA graphs win where both are asked)
     batch_sizes: tuple[int, ...] = ()          # batch buckets to build (a server's); empty: each call's own
+    trace: bool = False                        # CPU eager chunks replayed from traces built in the warm-up (``traced``)
     compile_cache_dir: Optional[Path] = None   # compiled programs' cache (None: the user's cache folder)
 
     def path(self, device: torch.device) -> str:
@@ -95,7 +97,8 @@ class PolicyRuntime:
     """Runs a ``FlowMatchingVLA`` with a prefix cache built once per control step."""
 
     def __init__(self, model: FlowMatchingVLA, num_steps: int, device: torch.device,
-                 config: RuntimeConfig = RuntimeConfig(), prompt_lengths: tuple[int, ...] = ()) -> None:
+                 config: RuntimeConfig = RuntimeConfig(), prompt_lengths: tuple[int, ...] = (),
+                 trace_prompt_lengths: tuple[int, ...] = ()) -> None:
         self.model = model
         self.num_steps = num_steps
         self.device = device
@@ -109,6 +112,7 @@ class PolicyRuntime:
         self.build_new_signatures = True        # False after the warm-up: a new input shape runs eager
         # Shapes the graphs and programs are built for (see ``shape_buckets``); empty: each call's own.
         self.prompt_lengths = tuple(prompt_lengths)   # 'longest' padding pads a prompt up to one of these
+        self.traces = traced.Traces(trace_prompt_lengths)   # eager chunks replayed without Python (the warm-up's)
         self._program_key: Optional[dict] = None
         self.configure(config)
 
@@ -120,6 +124,7 @@ class PolicyRuntime:
         self.program_cache: Optional[ProgramCache] = None   # opened at the first compile
         self._graphs.clear()
         self._compiled.clear()
+        self.traces.clear()
 
     def choose_path(self, path: str) -> None:
         """Run unguided chunks on ``path`` from now on: the warm-up's verdict (COMPILED may step back to EAGER)."""
@@ -155,6 +160,11 @@ class PolicyRuntime:
         for built in (self._compiled, self._graphs):
             for key in [k for k in built if k[-1][0][0] not in sizes]:   # k[-1]: the noise's (shape, dtype, device)
                 del built[key]
+
+    @property
+    def tracing(self) -> bool:
+        """Whether the warm-up traces eager chunks (``config.trace`` on a CPU, with a torch that traces)."""
+        return self.config.trace and self.device.type == "cpu" and traced.available()
 
     @property
     def graphed_signatures(self) -> tuple[tuple, ...]:
@@ -204,9 +214,18 @@ class PolicyRuntime:
             if key in built or self.build_new_signatures:
                 sample = self._sample_graphed if path == GRAPHS else self._sample_compiled
                 return sample(built_inputs, built_noise, key)[:rows]
+        if guide is None and path == EAGER and self.traces.by_signature:
+            actions = self._sample_traced(inputs, noise)
+            if actions is not None:
+                return actions
+        return self._sample_eager(without_shared_padding(inputs), noise, guide)
+
+    def _sample_eager(self, inputs: ModelInputs, noise: Tensor,
+                      guide: Optional[Callable[[VelocityFn], VelocityFn]] = None) -> Tensor:
+        """``sample`` in Python, op by op, on ``inputs`` as they are."""
         mode = torch.no_grad() if guide is not None else torch.inference_mode()
         with mode:
-            ctx = self.encode(without_shared_padding(inputs))
+            ctx = self.encode(inputs)
             t0 = time.perf_counter()
             velocity = self.velocity_fn(ctx)
             if guide is not None:
@@ -215,6 +234,26 @@ class PolicyRuntime:
             self._sync()
             self.stats.record("denoise", time.perf_counter() - t0)
         self.stats.control_steps += 1
+        return actions
+
+    def build_traces(self, inputs: ModelInputs, noise: Tensor) -> None:
+        """Trace eager chunks of these inputs' batch size, one per prompt length bucket, each checked (the warm-up)."""
+        self.traces.build(self.model, self.time_cond, self.dt, self.num_steps, inputs,
+                          noise.to(self.device, torch.float32), self._sample_eager, self.cache)
+
+    def _sample_traced(self, inputs: ModelInputs, noise: Tensor) -> Optional[Tensor]:
+        """``sample`` replayed from the trace of these inputs' shapes; None where there is none."""
+        inputs = self.traces.shaped(inputs)
+        noise = noise.to(self.device, torch.float32)
+        built = self.traces.find(inputs, noise)
+        if built is None:
+            return None
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            prefix = built.encode(inputs, self.cache)
+            t1 = time.perf_counter()
+            actions = built.denoise(noise, *prefix)
+        self._count_whole_loop(t1 - t0, time.perf_counter() - t1)
         return actions
 
     def bucketed(self, inputs: ModelInputs, noise: Tensor) -> tuple[ModelInputs, Tensor]:

@@ -84,7 +84,8 @@ class Policy:
         self.dtype = next(model.parameters()).dtype
         # built code serves a few prompt lengths where prompts are padded to the longest
         self.runtime = PolicyRuntime(model, num_steps, device, prompt_lengths=prompt_buckets(preprocessor.max_length)
-                                     if preprocessor.padding == "longest" else ())
+                                     if preprocessor.padding == "longest" else (),
+                                     trace_prompt_lengths=prompt_buckets(preprocessor.max_length))
         self.compile_report = ""                          # what the warm-up decided about compiled code
         self.build_report = ""                            # shapes the warm-up could not build, and why
         self.threads: Optional[int] = None                # CPU threads the warm-up chose (None: torch's setting)

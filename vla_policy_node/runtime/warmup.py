@@ -6,12 +6,14 @@ The first calls pay for allocator growth, kernel selection and (on CUDA) graph c
 not control steps, so the counters and latencies start afresh. With CUDA graphs or compilation on,
 every bucket (``runtime.prompt_lengths`` times ``runtime.batch_sizes``) is captured or compiled (or
 loaded from the cache) here, and nothing is built after: a shape outside the buckets runs eager. On
-the CPU, eager chunks race over thread counts (``threads_report``); with compilation on, compiled
-chunks (at the configured thread count, which they were built for) then race the eager ones at the
-thread count that won, alternating ``race_rounds`` times: where compiled code is slower it is
-switched off, and ``compile_report`` says why. So compiled code is kept only where it beats the best
-eager setting. Larger batch sizes are built only after that, one at a time (``_grow_batch_buckets``),
-so a model whose compiled code loses compiles one batch size, not all of them.
+the CPU, eager chunks are traced where the runtime is configured to (``runtime.build_traces``: each
+prompt length bucket, checked against Python), then race over thread counts (``threads_report``);
+with compilation on, compiled chunks (at the configured thread count, which they were built for)
+then race the eager ones at the thread count that won, alternating ``race_rounds`` times: where
+compiled code is slower it is switched off, and ``compile_report`` says why. So compiled code is
+kept only where it beats the best eager setting. Larger batch sizes are built only after that, one
+at a time (``_grow_batch_buckets``), so a model whose compiled code loses compiles one batch size,
+not all of them.
 
 The runtime's path and buckets change only through its own methods (``choose_path``,
 ``keep_batch_sizes``, ``building``); the verdicts come back as a :class:`WarmUpReport`.
@@ -62,10 +64,13 @@ class _WarmUp:
         policy, runtime = self.policy, self.runtime
         building = runtime.path != EAGER
         with runtime.building():
-            if building:
+            if building or runtime.tracing:
                 inputs = policy.preprocessor(observation).to(policy.device, policy.dtype)
                 noise = torch.randn((inputs.batch_size, policy.model.chunk_size, policy.model.max_action_dim),
                                     generator=policy.generator)
+            if runtime.tracing:
+                runtime.build_traces(inputs, noise)
+            if building:
                 self._build_batch_size(inputs, noise, (runtime.batch_sizes or (inputs.batch_size,))[0])
             for _ in range(iterations):
                 policy.predict_action_chunk(observation)

@@ -66,7 +66,7 @@ from vla_policy_node.ros.server.senders import subscribe
 
 NODE_NAME = 'vla_policy_server'
 POLICY_PARAMETERS = ('checkpoint', 'allow_random_weights', 'checkpoint_root', 'device', 'dtype',
-                     'cuda_graphs', 'compile', 'compile_cache_dir', 'num_threads', 'tiny_model.chunk_size',
+                     'cuda_graphs', 'compile', 'compile_cache_dir', 'trace', 'num_threads', 'tiny_model.chunk_size',
                      'tiny_model.num_steps', 'tiny_model.seed', 'camera_names', 'joint_names',
                      'diagnostics_period')
 SERVER_PARAMETERS = (
