@@ -39,6 +39,7 @@ import numpy as np
 from vla_policy_node.ament_registration import installed_executable
 from vla_policy_node.bench import checkpoints
 from vla_policy_node.bench.dds import ros_env
+from vla_policy_node.bench.measure import publish
 from vla_policy_node.bench.schedule import refill_threshold_for, simulate
 from vla_policy_node.ros.sim.evaluation import package_config
 
@@ -180,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lerobot_json:
         seconds = json.loads(args.lerobot_json.read_text())["lerobot"]["seconds"]
         result["lerobot_scheduler_simulation"] = scheduler_column(seconds, args.refill_threshold, args.duration)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    publish(result, args.json)
     return 0
 
 

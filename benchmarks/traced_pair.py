@@ -16,7 +16,6 @@ core in 7 ms bursts at 30 Hz (the simulator).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from vla_policy_node.bench import checkpoints
-from vla_policy_node.bench.measure import make_observation, progress
+from vla_policy_node.bench.measure import make_observation, progress, publish
 from vla_policy_node.loading import load_policy
 from vla_policy_node.runtime.engine import RuntimeConfig
 
@@ -102,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             process.kill()
             process.wait()
             thread.join()
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    publish(result, args.json)
     return 0
 
 

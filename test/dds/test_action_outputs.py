@@ -489,14 +489,15 @@ def test_a_session_with_action_groups_and_a_task_goal_is_recorded_and_replayed(s
     from vla_policy_node.dataset.reader import Dataset
     from vla_policy_node.replay.bag_export import export_bag
     settings = settings_from_files([str(DEFAULT_CONFIG), str(groups)])
-    episodes = export_bag(str(bag), settings, tmp_path / 'dataset', fps=10)
+    # 5 fps: the probe's cameras may pause 0.2 s on 2 cores loaded by the whole suite, which 10 fps cannot align.
+    episodes = export_bag(str(bag), settings, tmp_path / 'dataset', fps=5)
     dataset = Dataset(tmp_path / 'dataset')
     assert {'touch the cube', 'pick up the cube'} <= set(dataset.tasks.values()), episodes
-    # The first task's frames, then the goal's 2 s (20 frames at 10 fps) under its own task: none relabelled.
+    # The first task's frames, then the goal's 2 s (10 frames at 5 fps) under its own task: none relabelled.
     tasks = [task for task, _ in episodes]
     touch = tasks.index('touch the cube')
     assert tasks[:touch] and set(tasks[:touch]) == {'pick up the cube'} and set(tasks[touch:]) == {'touch the cube'}, (
         episodes)
-    assert sum(frames for task, frames in episodes[touch:]) >= 15, episodes
+    assert sum(frames for task, frames in episodes[touch:]) >= 7, episodes
     data = dataset.episode(next(e.index for e in dataset.episodes if e.tasks == ('touch the cube',)))
     assert data.actions.shape[1] == len(settings.joint_names) and np.all(np.isfinite(data.actions))

@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Traced eager chunks (``runtime/traced.py``): eager's bits, checked before use, Python wherever there is no trace."""
 
-from pathlib import Path
-
 from cache_checks import assert_frozen_prefix_unchanged
 import numpy as np
 import pytest
+from test_int8_linear import INT8_ACTION_ATOL, LEROBOT061, observation_061, relative_error
 import torch
 
 from vla_policy_node.control.chunking import RTCGuidance
@@ -13,8 +12,6 @@ from vla_policy_node.loading import build_tiny_policy, load_policy
 from vla_policy_node.runtime import traced
 from vla_policy_node.runtime.engine import RuntimeConfig
 from vla_policy_node.runtime.shape_buckets import without_shared_padding
-
-LEROBOT061 = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot061"
 
 
 def observation(policy, seed: int, task: str) -> dict:
@@ -134,3 +131,13 @@ def test_traced_reference_policies_give_eagers_bits(family, dtype):
         policy.runtime.traces.report
     obs, noise = observation(policy, 9, "put the cup on the plate"), noise_for(policy, 9)
     assert np.array_equal(policy.predict_action_chunk(obs, noise), python_chunk(policy, obs, noise))
+
+
+@pytest.mark.parametrize("name", ["smolvla", "pi0", "pi05", "pi0_relative", "pi05_relative"])
+def test_traced_int8_stays_within_its_bound_of_float32(name):
+    """The traced prompt is padded to its bucket, which int8's per-tensor activation scales see: still in bound."""
+    obs, noise = observation_061(LEROBOT061 / name)
+    f32 = load_policy(LEROBOT061 / name, device="cpu").predict_action_chunk(obs, noise=noise)
+    int8 = traced_policy(load_policy(LEROBOT061 / name, device="cpu", dtype="int8"))
+    assert int8.runtime.traces.signatures
+    assert 0.0 < relative_error(int8.predict_action_chunk(obs, noise=noise), f32) < INT8_ACTION_ATOL

@@ -9,6 +9,7 @@ LeRobot or of the report.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import resource
@@ -102,6 +103,14 @@ def sync(device: torch.device) -> None:
 
 def progress(msg: str) -> None:
     print(f"[vla-policy-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def publish(result: dict, path: Optional[Path]) -> None:
+    """Print a benchmark's figures as JSON, and write them to ``path`` too where one is given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        path.write_text(text)
 
 
 def make_observation(policy: Policy, frame_hw: tuple[int, int], seed: int, batch: int = 1) -> tuple[dict, np.ndarray]:

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from vla_policy_node.model import int8_linear
 from vla_policy_node.model.flow import euler_integrate
-from vla_policy_node.model.prefix_cache import FrozenPrefix, PrefixContext, VLAPrefixCache
+from vla_policy_node.model.prefix_cache import FrozenPrefix, PrefixContext, PrefixKV, VLAPrefixCache
 from vla_policy_node.runtime.program_cache import ProgramCache
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.vla import FlowMatchingVLA
@@ -62,9 +62,13 @@ class DenoisingLoop(nn.Module):
         self.model = model
         self.time_cond, self.dt, self.num_steps = time_cond, dt, num_steps
 
+    def frozen(self, keys: tuple[Tensor, ...], values: tuple[Tensor, ...]) -> PrefixKV:
+        """Return what the steps attend through: ``FrozenPrefix``'s split attention, which compilers trace."""
+        return FrozenPrefix(keys, values)
+
     def forward(self, noise: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], pad: Tensor,
                 extras: dict) -> Tensor:
-        ctx = PrefixContext(FrozenPrefix(keys, values), pad, extras)
+        ctx = PrefixContext(self.frozen(keys, values), pad, extras)
         return euler_integrate(lambda x_t, k: self.model.velocity(x_t, self.time_cond[k], ctx), noise, self.dt,
                                self.num_steps)
 

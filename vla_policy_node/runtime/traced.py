@@ -24,11 +24,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from vla_policy_node.model.flow import euler_integrate
-from vla_policy_node.model.prefix_cache import PrefixContext, VLAPrefixCache
+from vla_policy_node.model.prefix_cache import VLAPrefixCache
 from vla_policy_node.model.types import ModelInputs
 from vla_policy_node.model.vla import FlowMatchingVLA
-from vla_policy_node.runtime.compiled import input_signature, PrefixPass
+from vla_policy_node.runtime.compiled import DenoisingLoop, input_signature, PrefixPass
 from vla_policy_node.runtime.shape_buckets import smallest_holding, with_prompt_length, without_shared_padding
 
 Layout = tuple[pytree.TreeSpec, tuple[bool, ...]]     # a pytree's structure, and which of its leaves are None
@@ -66,28 +65,21 @@ class _OnTensors(nn.Module):
         return tuple(out)
 
 
-class EagerLoop(nn.Module):
+class EagerLoop(DenoisingLoop):
     """
-    The eager denoising loop over a frozen ``VLAPrefixCache`` refilled from the prefix K/V.
+    The denoising loop over a frozen ``VLAPrefixCache`` refilled from the prefix K/V.
 
     Unlike ``compiled.DenoisingLoop`` (``FrozenPrefix``'s split attention, for graph compilers)
     this is eager's arithmetic: the cache's scratch buffers and kernels, bit for bit.
     """
 
-    def __init__(self, model: FlowMatchingVLA, time_cond: list[Tensor], dt: Tensor, num_steps: int) -> None:
-        super().__init__()
-        self.model = model
-        self.time_cond, self.dt, self.num_steps = time_cond, dt, num_steps
-
-    def forward(self, noise: Tensor, keys: tuple[Tensor, ...], values: tuple[Tensor, ...], pad: Tensor,
-                extras: dict) -> Tensor:
+    def frozen(self, keys: tuple[Tensor, ...], values: tuple[Tensor, ...]) -> VLAPrefixCache:
+        """Return a frozen cache holding ``keys`` and ``values``, as ``PolicyRuntime.encode`` leaves its own."""
         cache = VLAPrefixCache()
         for i, (k, v) in enumerate(zip(keys, values)):
             cache.update(k, v, i)
         cache.freeze(len(keys))
-        ctx = PrefixContext(cache, pad, extras)
-        return euler_integrate(lambda x_t, k: self.model.velocity(x_t, self.time_cond[k], ctx), noise, self.dt,
-                               self.num_steps)
+        return cache
 
 
 def trace(module: nn.Module, args: tuple) -> Callable[..., Any]:
