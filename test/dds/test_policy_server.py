@@ -198,7 +198,8 @@ def test_robots_hold_when_the_server_dies_and_resume_when_it_returns():
         spare = start(SERVER_COMMAND, args=SERVER_ARGS + ('-r', '__ns:=/spare'))
         assert spare.wait_for_output('ready:', 90.0), spare.output
         assert wait_until(lambda: f'asking policy server {SPARE} now' in robots['/r1'].output, 30.0), output()
-        assert wait_until(lambda: all(probe.matched(ns) == '2' for ns in ROBOTS), 10.0), probe.policy
+        # both robots' diagnostics count the spare too (a diagnostics period or two; more on a loaded CI machine)
+        assert wait_until(lambda: all(probe.matched(ns) == '2' for ns in ROBOTS), 30.0), probe.policy
 
         # The first server dies: /r2 sees it within the heartbeat timeout and moves to the spare.
         before_kill = {ns: len(robot.output) for ns, robot in robots.items()}

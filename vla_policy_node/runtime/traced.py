@@ -9,7 +9,7 @@ A trace records the ops of one eager chunk (int8's fbgemm weights included, whic
 arithmetic, and the bits, are eager's. What a trace records is fixed in it: the input
 shapes (the runtime keys each trace by ``input_signature``), every Python branch and
 number the model computed. So a built trace is checked on other inputs of the same
-shapes against eager Python before it is used (``equal_to_eager``), and refused where it
+shapes against eager Python before it is used (``Traces.build``), and refused where it
 differs. The ``torch.jit`` tracer is deprecated in favour of ``torch.export``, which
 cannot carry prepacked int8 weights; where a torch has no tracer the runtime stays eager.
 """
