@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The simulated SO-101 in MuJoCo: its model, units, physics, touch check, expert and demonstrations."""
 
+import os
 from pathlib import Path
 import struct
 
@@ -34,6 +35,30 @@ def test_units_are_what_so101_yaml_tells_the_node():
     lower, upper = params['limits']['lower'][5], params['limits']['upper'][5]
     np.testing.assert_allclose(to_lerobot(np.array([0, 0, 0, 0, 0, lower]))[5], 0.0, atol=1e-3)   # closed
     np.testing.assert_allclose(to_lerobot(np.array([0, 0, 0, 0, 0, upper]))[5], 100.0, atol=1e-3)  # open
+
+
+def test_the_so101_trajectories_carry_a_third_of_a_second_of_plan():
+    """10 points at 30 Hz: the controller's near points; a node that stops leaves 0.33 s of motion, not a chunk."""
+    from vla_policy_node.replay.bag_replay import settings_from_files
+    from vla_policy_node.ros.node import loop_settings
+
+    settings = settings_from_files([str(ROOT / 'config' / 'default.yaml'), str(ROOT / 'config' / 'so101.yaml')],
+                                   ['allow_random_weights:=true'])
+    assert loop_settings(settings).plan_points == 10
+    assert settings.trajectory_velocities
+
+
+def test_the_camera_renders_on_the_calling_thread_unless_the_user_chose(monkeypatch):
+    """Mesa's llvmpipe would wake a rasterizer thread on every core for each 64x64 frame, beside the policy."""
+    import importlib
+
+    import vla_policy_node.sim.so101 as so101
+    monkeypatch.delenv('LP_NUM_THREADS', raising=False)
+    importlib.reload(so101)
+    assert os.environ['LP_NUM_THREADS'] == '0'
+    monkeypatch.setenv('LP_NUM_THREADS', '2')
+    importlib.reload(so101)
+    assert os.environ['LP_NUM_THREADS'] == '2'
 
 
 def test_the_model_is_the_so101_with_simplified_meshes_and_fits_the_package_budget():
