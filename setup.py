@@ -59,7 +59,7 @@ setup(
                                   'touch_policy/*.png', 'touch_policy/vlm/*.json'],
         f'{PACKAGE}.sim.so101': ['touch_policy/*.json', 'touch_policy/*.safetensors', 'touch_policy/*.png',
                                  'touch_policy/vlm/*.json', 'assets/*.xml', 'assets/*.md', 'assets/LICENSE',
-                                 'assets/meshes/*.stl'],
+                                 'assets/meshes/*.stl', 'assets/meshes/visual/*.stl'],
     },
     data_files=[
         ('share/doc/' + PACKAGE, ['LICENSE']),
