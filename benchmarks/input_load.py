@@ -7,7 +7,8 @@ own ROS domain, loopback only, frames over the shared-memory profile. A probe pu
 states and full-size (640x480 rgb8) frames from threads at a low rate (50 Hz, 15 Hz: the
 baseline) and then at the high rate, for ``--seconds`` each. The node's CPU time comes from
 /proc; the cost of the inputs is the difference between the two runs, in percent of one core.
-The node keeps commanding throughout (commands per second are reported).
+The node keeps commanding throughout (commands per second are reported; the tracking check is
+off: the probe's joints stand still).
 
 Run: ``python -m benchmarks.input_load [--seconds 10]``.
 """
@@ -124,9 +125,13 @@ def measure(args: argparse.Namespace, env: dict[str, str]) -> int:
     from vla_policy_node.ros.qos import COMMAND_QOS
     parameters = yaml.safe_load(CONFIG.read_text())['/**']['ros__parameters']
     node_exe = installed_executable()
+    # The probe's joints stand still while random weights command motion: the tracking check
+    # would latch a protective stop and the node would hold, not command, while measured.
+    no_tracking_check = [0.0] * len(parameters['joint_names'])
     process = subprocess.Popen(
         [str(node_exe), '--ros-args', '--params-file', str(CONFIG), '-p', 'allow_random_weights:=true',
-         '-p', 'num_threads:=1'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         '-p', 'num_threads:=1', '-p', f'limits.max_tracking_error:={no_tracking_check}'],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rclpy.init()
     probe = rclpy.create_node('vla_input_load_probe')
     commands = [0]

@@ -202,7 +202,7 @@ def test_an_unconfigured_lifecycle_node_ticks_nothing_and_stops_cleanly():
         '--ros-args', '--params-file', str(DEFAULT_CONFIG), *RANDOM_WEIGHTS_ARGS])
     try:
         node._on_control_tick()
-        node._on_frame('front', b'')
+        node._on_chunk_ready()
         assert node._loop is None and node._worker is None
         assert node.inference_alive and node.stop()
     finally:

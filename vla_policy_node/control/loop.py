@@ -165,12 +165,6 @@ class ControlLoop:
                 self._state.unheard[:] = True
 
     # ------------------------------------------------------------------ inputs
-    def wants_observation(self) -> bool:
-        """Tell whether a fresh frame would start a request now (worth decoding it at once)."""
-        with self._lock:
-            return (not self._state.stopped and self._state.latch is None and self._scheduler.needs_chunk()
-                    and not self._inference.busy)
-
     def on_image(self, camera: str, rgb: np.ndarray, now: float, stamp: float | None) -> None:
         """Store a converted frame; with all inputs healthy it may start a request at once."""
         with self._lock:

@@ -146,6 +146,8 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
         self._loop = self._make_loop()
         self._loop.reset_episode('activate')        # the policy's cache and anything in flight: gone
         self._frame_sizes = {}            # a camera may have been reconfigured meanwhile: learn again
+        for _, frames in self._cameras:   # frames received while inactive are not observations
+            frames.take_all()
         self._active = True
         self._subscribe_instruction()
         self._control_timer.reset()
@@ -236,8 +238,8 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
             worker.bind(_drop_result)
             if not worker.stop(timeout=WORKER_STOP_S):
                 self._orphan = worker
-        if self._joint_states is not None:
-            self._joint_states.destroy()
+        for subscription in self._polled():
+            subscription.destroy()
         for kind, entities in self._wired.items():
             for entity in entities:
                 if kind == 'waitables':     # an action client destroys its handle and leaves the node
@@ -246,8 +248,9 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
                     getattr(self, {'guards': 'destroy_guard_condition'}.get(kind, f'destroy_{kind[:-1]}'))(entity)
         self._wired = {}
         self._loop = self._joint_states = None
+        self._cameras = ()
         self._policy = None
-        self._frames, self._frame_sizes = {}, {}
+        self._frame_sizes = {}
         _release_memory()
 
     def _orphan_ended(self, timeout: float) -> bool:
@@ -289,10 +292,6 @@ class VlaPolicyLifecycleNode(PolicyWiring, LifecycleNode):
             super()._on_watchdog()
         else:
             self._check_command_topic()
-
-    def _on_frame(self, camera: str, raw: bytes) -> None:
-        if self._active:
-            super()._on_frame(camera, raw)
 
     # ------------------------------------------------------------------ shutdown
     @property

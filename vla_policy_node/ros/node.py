@@ -8,9 +8,9 @@ Every safety decision (input health, stamps, staleness, holds, limits, the step 
 loop's. The node adds what only ROS knows: who else is on the command topic, a wall-clock
 watchdog that keeps holding and reporting when a simulated clock stops, and /diagnostics.
 
-Input rates do not set the node's work: joint states are read once per tick from a
-subscription of the node that no executor waits on (``PolledSubscription``), and camera callbacks only keep the
-newest raw frame, decoded at the tick or when the loop is about to ask for a chunk. Inference
+Input rates do not set the node's work: joint states and camera frames are read once per tick from
+subscriptions of the node that no executor waits on (``PolledSubscription``); only each camera's newest
+frame is decoded, at the tick or when a chunk arrives (a frame newer than the tick starts the next request). Inference
 runs on its own thread; all callbacks run on one executor thread and take microseconds.
 """
 
@@ -28,7 +28,6 @@ from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import DurabilityPolicy
-from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -52,7 +51,7 @@ from vla_policy_node.ros.process import run_until_signal, StopRequested  # noqa:
 from vla_policy_node.ros.server.client import RemoteInference
 from vla_policy_node.ros.task_action import TaskAction
 from vla_policy_node.ros.tick_answers import TickAnswers
-from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
+from vla_policy_node.ros.qos import (CAMERA_READER_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
                                      INSTRUCTION_VOLATILE_QOS, JOINT_STATES_QOS, SERVICE_QOS)
 
 NODE_NAME = 'vla_policy_node'
@@ -139,6 +138,7 @@ class PolicyWiring:
         self._loop: ControlLoop | None = None           # None until wired (lifecycle: configured)
         self._worker: InferenceWorker | None = None
         self._joint_states: PolledSubscription | None = None
+        self._cameras: tuple[tuple[str, PolledSubscription], ...] = ()    # (camera name, its frames)
         self._task: TaskAction | None = None             # None while the parameters are refused
         self._tick_answers: TickAnswers | None = None    # with use_sim_time: ~/tick_done
         self._settings: NodeSettings = declare_parameters(self, _ros_arguments(node_options))
@@ -160,7 +160,6 @@ class PolicyWiring:
     def _load(self) -> None:
         """Load the policy and its inference thread, or the server's client; it starts once a loop is bound."""
         self._policy, self._worker = self._make_inference()
-        self._frames: dict[str, tuple[bytes, float]] = {}     # camera -> newest raw frame, arrival
         # camera -> (width, height) of its first good frame: a frame declaring another size is refused
         # before it is decoded (a decode bomb), until the node restarts (a lifecycle node: re-activates)
         self._frame_sizes: dict[str, tuple[int, int]] = {}
@@ -216,12 +215,11 @@ class PolicyWiring:
         wall = Clock(clock_type=ClockType.STEADY_TIME)      # runs when a simulated clock stops
         self.create_timer(WATCHDOG_PERIOD_S, self._on_watchdog, clock=wall)
         self.create_timer(settings.diagnostics_period, self._on_diagnostics_tick, clock=wall)
-        for topic, name, transport in zip(settings.camera_topics, settings.camera_names,
-                                          settings.camera_transports):
-            self.create_subscription(
-                CompressedImage if transport == 'compressed' else Image,
-                camera_topic(topic, transport),
-                lambda raw, camera=name: self._on_frame(camera, raw), CAMERA_QOS, raw=True)
+        self._cameras = tuple(
+            (name, PolledSubscription(self, CompressedImage if transport == 'compressed' else Image,
+                                      camera_topic(topic, transport), CAMERA_READER_QOS))
+            for topic, name, transport in zip(settings.camera_topics, settings.camera_names,
+                                              settings.camera_transports))
         self._joint_states = PolledSubscription(self, JointState, settings.joint_states_topic, JOINT_STATES_QOS)
         for qos in self.INSTRUCTION_PROFILES:
             # A volatile publisher (``ros2 topic pub``) cannot match the transient-local reader;
@@ -242,25 +240,24 @@ class PolicyWiring:
             self.get_logger().warning(text)
 
     # ------------------------------------------------------------------ inputs
-    def _on_frame(self, camera: str, raw: bytes) -> None:
-        """Keep the newest frame; decode it now only when the loop is about to ask for a chunk."""
-        self._frames[camera] = (raw, self._now())
-        if self._loop.wants_observation():
-            self._take_frames()
-
     def _take_frames(self) -> None:
-        frames, self._frames = self._frames, {}
-        for camera, (raw, arrival) in frames.items():
+        """Decode each camera's newest frame received since the last look; the older ones are never decoded."""
+        now = self._now()
+        for camera, frames in self._cameras:
+            waiting = frames.take_all()
+            if not waiting:
+                continue
+            raw, age = waiting[-1]
             compressed = camera in self._compressed
             try:
-                msg = undecodable_is_an_error(deserialize_message, raw, CompressedImage if compressed else Image)
+                msg = undecodable_is_an_error(frames.decode, raw)
                 size = self._frame_sizes.get(camera)
                 rgb = compressed_to_rgb(msg, expected=size) if compressed else image_to_rgb(msg, expected=size)
             except ConversionError as error:
                 self._loop.reject(camera, str(error))
                 continue
             self._frame_sizes.setdefault(camera, (rgb.shape[1], rgb.shape[0]))
-            self._loop.on_image(camera, rgb, arrival, stamp_seconds(msg.header.stamp))
+            self._loop.on_image(camera, rgb, now - age, stamp_seconds(msg.header.stamp))
 
     def _take_joint_states(self) -> None:
         """Decode the newest messages until every joint is covered; hand them over oldest first."""
@@ -309,8 +306,10 @@ class PolicyWiring:
 
     def _on_chunk_ready(self) -> None:
         # The executor may have run a due control tick first, which already resumed: a second
-        # tick now would execute two actions in one period.
+        # tick now would execute two actions in one period. A frame newer than that tick may
+        # start the next request at once, not a period later.
         if self._loop.hold_reason is None:
+            self._take_frames()
             return
         self._control_timer.reset()
         self._on_control_tick()
@@ -397,15 +396,19 @@ class PolicyWiring:
 
     def destroy_node(self) -> None:
         """
-        Destroy the action server and the polled joint-state subscription first: they keep the node's handle.
+        Destroy the action server and the polled subscriptions first: they keep the node's handle.
 
         Also called by rclpy's shutdown on a node whose parameters were refused, built only in part.
         """
         if self._task is not None:
             self._task.destroy()
-        if self._joint_states is not None:
-            self._joint_states.destroy()
+        for subscription in self._polled():
+            subscription.destroy()
         super().destroy_node()
+
+    def _polled(self) -> list[PolledSubscription]:
+        """Return the subscriptions the control tick reads (joint states, cameras): no executor waits on them."""
+        return [frames for _, frames in self._cameras] + ([] if self._joint_states is None else [self._joint_states])
 
     def stop(self) -> bool:
         """

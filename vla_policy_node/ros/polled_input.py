@@ -3,7 +3,8 @@
 A subscription read once per control tick instead of once per message.
 
 rclpy's executors cost a few hundred microseconds of Python per delivered message, so a 1 kHz
-joint-state publisher alone kept a third of a core busy and starved the control timer. This
+joint-state publisher alone kept a third of a core busy and starved the control timer, and
+each camera woke the executor for every frame although a tick uses one. This
 subscription belongs to the node itself (``ros2 node info`` lists it, the node's namespace and
 remaps apply) but is not registered with the node's rclpy entities, so no executor waits on it:
 the messages wait in the DDS history (``depth`` of them, newest kept) and the control tick takes

@@ -17,6 +17,15 @@ from rclpy.qos import (
 # Camera frames: only the newest frame matters and drivers publish best effort.
 CAMERA_QOS: QoSProfile = qos_profile_sensor_data
 
+# The node's camera readers: the control tick reads only the newest frame (``PolledSubscription``),
+# so a deeper history would copy frames only to drop them. Compatible with CAMERA_QOS.
+CAMERA_READER_QOS = QoSProfile(
+    history=HistoryPolicy.KEEP_LAST,
+    depth=1,
+    reliability=ReliabilityPolicy.BEST_EFFORT,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
 # The task: reliable and transient-local, so a node started after the instruction still
 # receives it, and only the latest instruction counts.
 INSTRUCTION_QOS = QoSProfile(
