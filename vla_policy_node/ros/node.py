@@ -244,20 +244,17 @@ class PolicyWiring:
         """Decode each camera's newest frame received since the last look; the older ones are never decoded."""
         now = self._now()
         for camera, frames in self._cameras:
-            waiting = frames.take_all()
-            if not waiting:
-                continue
-            raw, age = waiting[-1]
-            compressed = camera in self._compressed
-            try:
-                msg = undecodable_is_an_error(frames.decode, raw)
-                size = self._frame_sizes.get(camera)
-                rgb = compressed_to_rgb(msg, expected=size) if compressed else image_to_rgb(msg, expected=size)
-            except ConversionError as error:
-                self._loop.reject(camera, str(error))
-                continue
-            self._frame_sizes.setdefault(camera, (rgb.shape[1], rgb.shape[0]))
-            self._loop.on_image(camera, rgb, now - age, stamp_seconds(msg.header.stamp))
+            for raw, age in frames.take_all()[-1:]:        # the newest frame, if one came
+                compressed = camera in self._compressed
+                try:
+                    msg = undecodable_is_an_error(frames.decode, raw)
+                    size = self._frame_sizes.get(camera)
+                    rgb = compressed_to_rgb(msg, expected=size) if compressed else image_to_rgb(msg, expected=size)
+                except ConversionError as error:
+                    self._loop.reject(camera, str(error))
+                    continue
+                self._frame_sizes.setdefault(camera, (rgb.shape[1], rgb.shape[0]))
+                self._loop.on_image(camera, rgb, now - age, stamp_seconds(msg.header.stamp))
 
     def _take_joint_states(self) -> None:
         """Decode the newest messages until every joint is covered; hand them over oldest first."""
@@ -305,9 +302,8 @@ class PolicyWiring:
             self._tick_answers.ticked()
 
     def _on_chunk_ready(self) -> None:
-        # The executor may have run a due control tick first, which already resumed: a second
-        # tick now would execute two actions in one period. A frame newer than that tick may
-        # start the next request at once, not a period later.
+        # A due tick the executor ran first already resumed (a second would execute two actions in
+        # one period); a frame newer than it may start the next request now, not a period later.
         if self._loop.hold_reason is None:
             self._take_frames()
             return
