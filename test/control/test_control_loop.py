@@ -30,7 +30,8 @@ LIMITS = MotionLimits(np.full(3, -3.14), np.full(3, 3.14), np.full(3, 2.0), 0.1)
 class Rig:
     """A loop with a scripted policy, a clock, and the commands it sent."""
 
-    def __init__(self, limits: MotionLimits = LIMITS, **settings) -> None:
+    def __init__(self, limits: MotionLimits = LIMITS, scheduler: dict | None = None, on_chunk_ready=lambda: None,
+                 **settings) -> None:
         self.now = 100.0
         self.wall = 0.0
         self.sent: list[tuple[np.ndarray, np.ndarray | None]] = []
@@ -38,9 +39,9 @@ class Rig:
         self.inference = ScriptedInference()
         self.loop = ControlLoop(
             LoopSettings(JOINTS, ('front',), RATE, limits, **settings),
-            SchedulerConfig(control_rate_hz=RATE, horizon=4), self.inference,
+            SchedulerConfig(control_rate_hz=RATE, horizon=4, **(scheduler or {})), self.inference,
             self._sink,
-            wall_clock=lambda: self.wall)
+            wall_clock=lambda: self.wall, on_chunk_ready=on_chunk_ready)
         self.loop.on_instruction('pick up the cube')
 
     def _sink(self, points: np.ndarray, times: np.ndarray | None, joints: np.ndarray | None) -> None:
@@ -945,3 +946,25 @@ def test_end_task_holds_at_once_and_until_a_new_instruction():
     for _ in range(4):
         rig.step([0.3, 0.3, 0.3], chunk=ramp(0.4, 0.4))
     assert rig.loop.hold_reason is None and len(rig.sent) > commanded + 1
+
+
+def test_a_chunk_accepted_while_commanding_lets_the_next_request_start_at_once_not_a_tick_later():
+    """At 30 Hz a tick is up to 33 ms away: waiting for it adds that much to every chunk's latency."""
+    ready = []
+    rig = Rig(scheduler={'refill_threshold': 1.0}, on_chunk_ready=lambda: ready.append(rig.loop.hold_reason))
+    rig.step([0.0, 0.0, 0.0], chunk=ramp(0.0, 0.0))           # ends the wait for the first chunk
+    for _ in range(2):
+        rig.step([0.0, 0.0, 0.0])
+        assert rig.inference.pending is not None
+        request = rig.inference.pending
+        ready.clear()
+        rig.inference.deliver(ramp(0.0, 0.0), None, rig.now - DT / 2)
+        assert ready == [None], 'every accepted chunk is announced, and the loop commands'
+        assert rig.inference.pending is None
+        rig.loop.refill(rig.now - DT / 2)
+        assert rig.inference.pending is not None and rig.inference.pending is not request
+        assert rig.inference.pending.obs_time == rig.now - DT / 2
+    rig.inference.deliver(ramp(0.0, 0.0), None, rig.now)
+    rig.loop.on_joint_state(JOINTS, [0.0, math.nan, 0.0], rig.now, None)      # a fault: nothing is asked
+    rig.loop.refill(rig.now)
+    assert rig.inference.pending is None

@@ -246,8 +246,8 @@ operation = st.one_of(
                                           st.lists(st.sampled_from([0.0014, 0.003, 0.011, 0.023]), min_size=2,
                                                    max_size=4))),
     # The remote path (RemoteInference): the executor stalls (81-108 ms, as measured), then runs the answer's
-    # callback: a chunk that ends a hold makes the node tick at once (ros/node.py _on_chunk_ready), and the
-    # timer's due ticks follow milliseconds apart.
+    # callback: a chunk that ends a hold makes the node tick at once (ros/node.py _on_chunk_ready; while
+    # commanding it requests the next chunk at once instead), and the timer's due ticks follow milliseconds apart.
     st.tuples(st.just('remote'), st.tuples(st.sampled_from([0.0, DT / 3, 0.081, 0.108]),
                                            st.lists(st.floats(-0.3, 0.3), min_size=12, max_size=12),
                                            st.lists(st.sampled_from([0.001, 0.003, 0.018]), max_size=3))),
@@ -300,7 +300,7 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
     checker = Checker()
     wall = [0.0]
     inference = ScriptedInference()
-    ready = []          # the loop asked for a tick at once (a chunk ended a hold)
+    ready = []          # a chunk was accepted: the node ticks at once to end a hold, else requests at once
     loop = ControlLoop(
         LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(1.0, ENVELOPE.max_step, tracking),
                      max_observation_age=0.5, max_action_age=max_action_age, plan_points=points,
@@ -341,6 +341,9 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
                         checker.published['remote answer ended a hold'] += 1
                         checker.on_tick(checker.now)
                         loop.tick(checker.now)
+                    elif ready:
+                        loop.refill(checker.now)
+                        checker.published['chunk refilled at once'] += inference.pending is not None
                 checker.on_tick(checker.now)
                 loop.tick(checker.now)
             checker.published[kind] += 1
@@ -356,7 +359,11 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
             loop.tick(now)
             if respond and inference.pending is not None:
                 checker.delivered.add(inference.pending.observed_at)
+                ready.clear()
                 inference.deliver(np.tile(state, (4, 1)) + 0.05 * np.arange(4)[:, None], None, now + DT / 2)
+                if ready and loop.hold_reason is None:        # the node requests the next chunk at once
+                    loop.refill(now + DT / 2)
+                    checker.published['chunk refilled at once'] += inference.pending is not None
             checker.now += DT
             wall[0] += DT
         elif kind == 'joints':
@@ -467,3 +474,4 @@ def test_every_command_is_safe_whatever_happens():
     assert COVERAGE['protective stop walk step'] >= 120, COVERAGE
     assert COVERAGE['burst'] >= 300 and COVERAGE['message within a period of the last'] >= 300, COVERAGE
     assert COVERAGE['remote'] >= 300 and COVERAGE['remote answer ended a hold'] >= 50, COVERAGE
+    assert COVERAGE['chunk refilled at once'] >= 18, COVERAGE      # a request at the chunk, not a tick later

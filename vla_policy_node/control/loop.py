@@ -19,8 +19,9 @@ Episode resets clear the plan and the policy's cache but never the last publishe
 the step limit survives resets. Limits may change at run time only inside the envelope given
 at start, and not so that the last message falls outside them.
 
-Thread safety: every public method takes the loop's lock; the inference thread calls
-``on_inference_result``; ``sink`` is called with the lock held (publish only, never block).
+Thread safety: every public method takes the loop's lock; the inference thread calls ``on_inference_result``
+(then ``on_chunk_ready``: the node's :meth:`refill`, or a tick ending a hold); ``sink`` is called with the lock
+held (publish only, never block).
 """
 
 from __future__ import annotations
@@ -249,6 +250,12 @@ class ControlLoop:
             if self._state.latch is None:      # a protective stop asks nothing more of the policy
                 self._request_chunk(now)
 
+    def refill(self, now: float) -> None:
+        """Request the next chunk now if one is due and nothing blocks (a chunk came: not a tick later)."""
+        with self._lock:
+            if not self._state.stopped and self._blocking_problem(now) is None:
+                self._request_chunk(now)
+
     def _clock_went_back(self, seconds: float) -> None:
         """
         Hold on a loop clock that runs backwards (a simulator reset): every age means nothing.
@@ -396,8 +403,7 @@ class ControlLoop:
             if accepted:
                 self._state.last_latency = latency
                 self._state.policy_fault = None
-                if self._state.hold_reason is not None:
-                    self._on_chunk_ready()
+                self._on_chunk_ready()
 
     # ------------------------------------------------------------------ episodes
     def reset_episode(self, reason: str) -> int:

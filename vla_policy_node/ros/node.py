@@ -173,10 +173,8 @@ class PolicyWiring:
         settings = self._settings
         horizon = settings.horizon if self._policy is None else self._policy.chunk_size
         inference = joint_mapped(self._worker, settings.joint_map)
-        loop = ControlLoop(
-            loop_settings(settings), scheduler_config(settings, horizon),
-            inference, self._publish, self._log,
-            on_chunk_ready=self._chunk_ready.trigger, envelope=self._envelope)
+        loop = ControlLoop(loop_settings(settings), scheduler_config(settings, horizon), inference, self._publish,
+                           self._log, on_chunk_ready=self._chunk_ready.trigger, envelope=self._envelope)
         if self._tick_answers is not None:
             self._tick_answers.follow(loop, inference)
         return loop
@@ -302,10 +300,13 @@ class PolicyWiring:
             self._tick_answers.ticked()
 
     def _on_chunk_ready(self) -> None:
-        # A due tick the executor ran first already resumed (a second would execute two actions in
-        # one period); a frame newer than it may start the next request now, not a period later.
+        # Commanding (or a due tick ran first and resumed: no second tick): request now, not a tick later;
+        # in lockstep a chunk costs no simulated time, and the tick that asked for it waits for it alone.
         if self._loop.hold_reason is None:
+            self._take_joint_states()
             self._take_frames()
+            if self._tick_answers is None:
+                self._loop.refill(self._now())
             return
         self._control_timer.reset()
         self._on_control_tick()
