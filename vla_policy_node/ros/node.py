@@ -10,7 +10,7 @@ watchdog that keeps holding and reporting when a simulated clock stops, and /dia
 
 Input rates do not set the node's work: joint states and camera frames are read once per tick from
 subscriptions of the node that no executor waits on (``PolledSubscription``); only each camera's newest
-frame is decoded, at the tick or when a chunk arrives (a frame newer than the tick starts the next request). Inference
+frame is decoded, at the tick or when a chunk arrives (which starts the next request at once). Inference
 runs on its own thread; all callbacks run on one executor thread and take microseconds.
 """
 
