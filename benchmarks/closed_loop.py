@@ -40,7 +40,8 @@ from vla_policy_node.ament_registration import installed_executable
 from vla_policy_node.bench import checkpoints
 from vla_policy_node.bench.dds import ros_env
 from vla_policy_node.bench.measure import publish
-from vla_policy_node.bench.schedule import refill_threshold_for, simulate
+from vla_policy_node.bench.schedule import simulate
+from vla_policy_node.control.real_time import refill_threshold_for
 from vla_policy_node.ros.sim.evaluation import package_config
 
 RATE_HZ, HORIZON = 30.0, 50

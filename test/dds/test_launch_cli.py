@@ -336,7 +336,7 @@ def test_two_recording_launches_in_the_same_second_in_one_folder_both_record(env
         for launched in launches:
             launched.wait_for('recording [')
     finally:
-        outputs = [launched.stop() for launched in launches]
+        outputs = '\n'.join(launched.stop() for launched in launches)     # a str: pytest would cut a list's repr
     assert [launched.process.returncode for launched in launches] == [0, 0], outputs
     bags = sorted(path.name for path in tmp_path.glob('vla_policy_*'))
     assert [name.split('_')[2] for name in bags] == ['arm1', 'arm2'], bags

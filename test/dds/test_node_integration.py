@@ -28,6 +28,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 import yaml
 
+from vla_policy_node.control.real_time import refill_threshold_for
 from vla_policy_node.ros.conversions import rgb_to_image
 from vla_policy_node.ros.diagnostics import diagnostics_to_dict
 from vla_policy_node.ros.qos import (CAMERA_QOS, COMMAND_QOS, DIAGNOSTICS_QOS, INSTRUCTION_QOS,
@@ -53,6 +54,7 @@ class RobotProbe:
         self.mode = 'good'
         self.commands: list = []
         self.policy_status: dict[str, str] = {}
+        self.last_diagnostics: dict[str, dict[str, str]] = {}     # every status of the newest message
         # (node stamp in seconds, commands received by then, policy status) per /diagnostics
         self.policy_history: list[tuple[float, int, dict[str, str]]] = []
         self.inputs_status: dict[str, dict[str, str]] = {}
@@ -109,6 +111,7 @@ class RobotProbe:
     def _on_diagnostics(self, msg) -> None:
         flat = diagnostics_to_dict(msg)
         with self._lock:
+            self.last_diagnostics = flat
             for name, values in flat.items():
                 if name.endswith(': policy'):
                     self.policy_status = values
@@ -290,6 +293,42 @@ def test_empty_instruction_is_refused(system):
     assert wait_until(lambda: probe.inputs_status.get(level, {}).get('level') == '0', 3.0)
     assert 'age_s' not in probe.inputs_status[level], 'a latched instruction has no age'
     assert float(probe.inputs_status['vla_policy_node: input front']['age_s']) < 1.0
+
+
+def test_diagnostics_say_whether_the_measured_latency_keeps_the_robot_fed(system):
+    """The verdict and the latency it judged come in one message; the threshold it needs is the rule's for that p95."""
+    node, probe = system
+    assert wait_until(lambda: probe.counter('chunks_received') >= 2, 30.0), node.output
+    assert wait_until(lambda: 'vla_policy_node: real time' in probe.last_diagnostics, 5.0)
+    with probe._lock:
+        message = dict(probe.last_diagnostics)
+    verdict, policy = message['vla_policy_node: real time'], message['vla_policy_node: policy']
+    p95 = float(policy['total_latency_p95_ms']) / 1e3
+    needed = refill_threshold_for(p95, CONFIG['control_rate_hz'], CONFIG['tiny_model']['chunk_size'])
+    assert verdict['refill_threshold_needed'] == ('n/a' if needed is None else f'{needed:.4g}'), (verdict, policy)
+    fed = needed is not None and needed <= CONFIG['chunking']['refill_threshold']
+    assert verdict['level'] == ('0' if fed else '1'), verdict
+
+
+def test_a_refill_threshold_too_low_for_the_latency_warns_and_the_robot_does_starve(tmp_path):
+    """
+    refill_threshold 0 asks for a chunk only when none is left: /diagnostics and the log say so, and ticks starve.
+
+    At 100 Hz a 20-step tiny-model chunk (15 ms or more) outlasts a period, so the starving is sure.
+    """
+    override = tmp_path / 'late.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
+        'control_rate_hz': 100.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32, 'num_steps': 20},
+        'chunking': {'refill_threshold': 0.0}}}}))
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe) as (node, probe):
+        assert wait_until(lambda: probe.counter('starved_ticks') > 0, 30.0), node.output
+        assert wait_until(lambda: probe.last_diagnostics.get('vla_policy_node: real time', {}).get('level') == '1',
+                          5.0), probe.last_diagnostics
+        verdict = probe.last_diagnostics['vla_policy_node: real time']
+        assert verdict['message'].startswith('chunking.refill_threshold 0 is too low: chunks take '), verdict
+        assert float(verdict['refill_threshold_needed']) > 0.0
+        assert wait_until(lambda: 'chunking.refill_threshold 0 is too low' in node.output, 5.0), node.output
+    assert node.output.count('chunking.refill_threshold 0 is too low') == 1, 'logged once a minute, not each period'
 
 
 def test_sigint_publishes_hold_and_exits_zero(system):

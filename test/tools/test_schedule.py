@@ -6,7 +6,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from vla_policy_node.bench.schedule import refill_threshold_for, simulate
+from vla_policy_node.bench.schedule import simulate
+from vla_policy_node.control.real_time import refill_threshold_for
 
 RATE, HORIZON = 30.0, 50
 

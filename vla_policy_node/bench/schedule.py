@@ -6,34 +6,17 @@ Used by ``benchmarks/closed_loop.py`` to feed LeRobot's measured chunk latencies
 the scheduler the node runs (``control.chunking.ChunkScheduler``), tick by tick, without a
 robot or a model: one request at a time, as in the node; a chunk computed from the observation
 of tick ``k`` arrives ``latency`` seconds later, and the actions whose time passed are skipped.
-``refill_threshold_for`` is the setting that rule implies for a latency.
+``control.real_time.refill_threshold_for`` is the setting that rule implies for a latency
+(``test/tools/test_schedule.py`` checks the two agree).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from vla_policy_node.control.chunking import ChunkScheduler, SchedulerConfig
-
-
-def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int, margin_ticks: int = 1) -> Optional[float]:
-    """
-    Return the smallest ``refill_threshold`` that keeps the robot fed at this chunk latency, or None.
-
-    With one request in flight, a chunk computed from the observation at tick ``k`` arrives
-    ``n = latency * rate`` ticks later with its first ``n`` actions overdue: ``horizon - n``
-    are left. Two conditions follow (``n`` plus ``margin_ticks`` for the tick a request
-    waits for and jitter): the actions left at the request, ``refill_threshold * horizon``,
-    must last ``n`` ticks, and so must the ``horizon - n`` a new chunk brings, or the next
-    request starts from too few. None: ``n > horizon / 2``, no threshold avoids starved ticks
-    at this latency (at 30 Hz with 50-action chunks: above 0.8 s); only a faster
-    policy or a longer chunk does.
-    """
-    needed = math.ceil(latency_s * rate_hz) + margin_ticks
-    return None if 2 * needed > horizon else needed / horizon
 
 
 def simulate(latencies_s: Sequence[float], rate_hz: float, horizon: int, refill_threshold: float,

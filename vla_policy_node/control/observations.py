@@ -76,6 +76,15 @@ def newly_unknown(unknown: Sequence[str], reported: set[str],
     return sorted(new)
 
 
+def unknown_joints_line(unknown: Sequence[str], reported: set[str]) -> str | None:
+    """Return the log line for the names of ``unknown`` not reported yet (``newly_unknown``), or None."""
+    new = newly_unknown(unknown, reported)
+    if not new:
+        return None
+    full = len(reported) >= MAX_REPORTED_UNKNOWN
+    return f'ignoring joints not in joint_names: {preview(new)}' + (' (no further names are reported)' if full else '')
+
+
 @dataclass(frozen=True)
 class JointStateUpdate:
     """

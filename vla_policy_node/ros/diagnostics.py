@@ -19,6 +19,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from vla_policy_node.control.health import FaultReport, InputHealth
 from vla_policy_node.control.inference import POLICY_STAGES
+from vla_policy_node.control.real_time import RealTimeVerdict
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class NodeStatus:
     policy_faults: FaultReport = FaultReport({})
     max_action_age: float = 0.0
     last_chunk_latency: float | None = None
+    real_time: RealTimeVerdict | None = None
 
 
 def _level(level: int) -> bytes:
@@ -62,7 +64,7 @@ def status_prefix(fully_qualified_name: str) -> str:
 
 
 def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> DiagnosticArray:
-    """Build the message: the policy loop, the policy's output, one status per input stream."""
+    """Build the message: the policy loop, whether it keeps real time, the policy's output, one status per input."""
     array = DiagnosticArray()
     array.header.stamp = stamp
     values = [KeyValue(key='state', value=status.state),
@@ -80,6 +82,12 @@ def status_to_diagnostics(status: NodeStatus, node_name: str, stamp: Time) -> Di
     array.status.append(DiagnosticStatus(
         level=_level(status.level), name=f'{node_name}: policy', message=status.state,
         hardware_id=node_name, values=values))
+    verdict = status.real_time
+    if verdict is not None:
+        needed = 'n/a' if verdict.needed_threshold is None else f'{verdict.needed_threshold:.4g}'
+        array.status.append(DiagnosticStatus(
+            level=_level(verdict.level), name=f'{node_name}: real time', message=verdict.message,
+            hardware_id=node_name, values=[KeyValue(key='refill_threshold_needed', value=needed)]))
     faults = status.policy_faults
     total = sum(faults.counts.values())
     array.status.append(DiagnosticStatus(

@@ -17,6 +17,7 @@ runs on its own thread; all callbacks run on one executor thread and take micros
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import Any
 
@@ -34,10 +35,12 @@ from std_srvs.srv import Trigger
 
 from vla_policy_node.control.ages import ages_loosened, StartAges
 from vla_policy_node.control.chunking import SchedulerConfig
+from vla_policy_node.control.health import WARN
 from vla_policy_node.control.loop import ControlLoop, INSTRUCTION, JOINT_STATES, LoopSettings, LoopStatus
 from vla_policy_node.control.inference import InferenceWorker
 from vla_policy_node.control.joint_map import joint_mapped
-from vla_policy_node.control.observations import MAX_REPORTED_UNKNOWN, newly_unknown, preview
+from vla_policy_node.control.observations import unknown_joints_line
+from vla_policy_node.control.real_time import real_time_verdict
 from vla_policy_node.ros import diagnostics
 from vla_policy_node.ros.command_groups import CommandOutputs, TRAJECTORY_INTERFACES
 from vla_policy_node.ros.compressed import camera_topic, compressed_to_rgb
@@ -89,14 +92,20 @@ def scheduler_config(settings: NodeSettings, chunk_size: int) -> SchedulerConfig
 
 
 def node_status(settings: NodeSettings, policy: Any, worker_stats: dict[str, Any], loop: LoopStatus,
-                output_counters: dict[str, int]) -> diagnostics.NodeStatus:
-    """Build the node's status from its parts: the policy (None: a server's), its worker's stats, the loop's."""
+                output_counters: dict[str, int], horizon: int, lockstep: bool) -> diagnostics.NodeStatus:
+    """
+    Build the node's status from its parts: the policy (None: a server's), its worker's stats, the loop's.
+
+    ``horizon``: the actions executed per chunk; ``lockstep``: on a simulator's clock that waits for chunks.
+    """
     device = 'remote' if policy is None else str(policy.device)
+    latency_p95 = worker_stats['latencies'].get('total', (math.nan, math.nan))[1]
     return diagnostics.NodeStatus(
         state=loop.state, level=loop.level, model=model_description(settings, policy, worker_stats.get('server')),
         device=device, counters={**worker_stats['counters'], **loop.counters, **output_counters},
         latencies=worker_stats['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
-        max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency)
+        max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency,
+        real_time=real_time_verdict(latency_p95, scheduler_config(settings, horizon), lockstep))
 
 
 def model_description(settings: NodeSettings, policy: Any, server: str | None = None) -> str:
@@ -184,9 +193,8 @@ class PolicyWiring:
         settings = self._settings
         if settings.inference == 'remote':
             return None, RemoteInference(self, settings.remote_servers, settings.joint_names, self._now,
-                                         remote_deadline(settings, uses_sim_time(self)),
-                                         self.get_logger().warning, settings.remote_server_timeout,
-                                         self.get_logger().info, settings.horizon,
+                                         remote_deadline(settings, uses_sim_time(self)), self.get_logger().warning,
+                                         settings.remote_server_timeout, self.get_logger().info, settings.horizon,
                                          settings.remote_fleet_key)
         policy = make_policy(settings, self.get_logger().info, self.get_logger().warning, (), settings.horizon,
                              settings.guided)
@@ -275,11 +283,9 @@ class PolicyWiring:
         for msg, arrival in reversed(taken):
             unknown = self._loop.on_joint_state(
                 msg.name, msg.position, arrival, stamp_seconds(msg.header.stamp))
-            new = newly_unknown(unknown, self._reported_unknown)
-            if new:
-                full = len(self._reported_unknown) >= MAX_REPORTED_UNKNOWN
-                self.get_logger().info(f'ignoring joints not in joint_names: {preview(new)}'
-                                       + (' (no further names are reported)' if full else ''))
+            line = unknown_joints_line(unknown, self._reported_unknown)
+            if line is not None:
+                self.get_logger().info(line)
 
     def _on_instruction(self, raw: bytes) -> None:
         try:
@@ -376,14 +382,17 @@ class PolicyWiring:
 
     # ------------------------------------------------------------------ reporting
     def _on_diagnostics_tick(self) -> None:
+        status = self.status()
         self._diagnostics_pub.publish(diagnostics.status_to_diagnostics(
-            self.status(), diagnostics.status_prefix(self.get_fully_qualified_name()),
-            self.get_clock().now().to_msg()))
+            status, diagnostics.status_prefix(self.get_fully_qualified_name()), self.get_clock().now().to_msg()))
+        if status.real_time is not None and status.real_time.level >= WARN:      # in the log once a minute
+            self.get_logger().warning(status.real_time.message, throttle_duration_sec=60.0)
 
     def status(self) -> diagnostics.NodeStatus:
         """Take a consistent snapshot of the loop's and the policy's counters and health."""
         return node_status(self._settings, self._policy, self._worker.stats,
-                           self._loop.status(self._now(), self._settings.diagnostics_period), self._outputs.counters)
+                           self._loop.status(self._now(), self._settings.diagnostics_period), self._outputs.counters,
+                           self._loop.horizon, lockstep=self._tick_answers is not None)
 
     # ------------------------------------------------------------------ shutdown
     @property
