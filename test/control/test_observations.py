@@ -21,7 +21,7 @@ from vla_policy_node.control.chunking import SchedulerConfig
 from vla_policy_node.control.loop import ControlLoop, LoopSettings
 from vla_policy_node.control.health import ERROR
 from vla_policy_node.control.observations import (JOINT_STATES, MAX_JOINT_STATE_NAMES, merge_joint_state, newly_unknown,
-                                                  ObservationBuffer, preview)
+                                                  ObservationBuffer, preview, unknown_joints_line)
 from vla_policy_node.control.safety import MotionLimits
 
 JOINTS = ('shoulder', 'elbow', 'gripper')
@@ -223,6 +223,16 @@ def test_unknown_names_are_reported_once_and_remembered_up_to_a_bound():
     assert len(newly_unknown(tuple(f'junk{i}' + 'y' * 5000 for i in range(1000)), reported, 100)) == 98
     assert len(reported) == 100 and max(map(len, reported)) <= 64
     assert newly_unknown(('more',), reported, 100) == []
+
+
+def test_the_unknown_joints_line_names_the_new_ones_once_and_says_when_it_stops():
+    reported: set[str] = set()
+    line = unknown_joints_line(('wheel_r', 'wheel_l'), reported)
+    assert line == "ignoring joints not in joint_names: ['wheel_l', 'wheel_r']"
+    assert unknown_joints_line(('wheel_l',), reported) is None
+    line = unknown_joints_line(tuple(f'junk{i:03d}' for i in range(200)), reported)
+    assert line.endswith(', ... 90 more] (no further names are reported)') and len(reported) == 100
+    assert unknown_joints_line(('more',), reported) is None
 
 
 # ------------------------------------------------------------------ several faults
