@@ -12,7 +12,8 @@ is raised to 10 s (its maximum): a chunk that arrives later than that after its 
 is refused (default 0.5 s: every multi-second chunk would be). Reported from the
 node's /diagnostics (counted from the episode's start): control ticks, starved ticks (ticks
 after the episode's first chunk with no action to execute), waiting ticks (before it), holds
-by reason (from the node's log), and chunk latency p50/p95 (each chunk the node received).
+by reason and the node's real-time verdict (from its log), and chunk latency p50/p95 (each chunk
+the node received).
 
 LeRobot's column: the chunk latencies LeRobot 0.6.1 measured in a ``vla-policy-bench smolvla
 --json`` run (``--lerobot-json``, the ``lerobot.seconds`` list) fed to the same scheduler on a
@@ -46,6 +47,8 @@ from vla_policy_node.ros.sim.evaluation import package_config
 
 RATE_HZ, HORIZON = 30.0, 50
 HOLD_LINE = re.compile(r"\[WARN\] \[(\d+\.\d+)\] \[[^\]]*vla_policy_node\]: holding: (.*)")
+LOG_LINE = re.compile(r"\[WARN\] \[(\d+\.\d+)\] \[[^\]]*vla_policy_node\]: (.*)")
+REAL_TIME_WARNING = re.compile(r"^(too slow for real time|chunking\.refill_threshold \S+ is too low)")
 COUNTERS = ("control_ticks", "starved_ticks", "waiting_ticks", "chunks_received", "holds_published",
             "actions_skipped")
 
@@ -135,6 +138,16 @@ def holds_by_reason(log: Path, since: float) -> dict[str, int]:
     return dict(reasons)
 
 
+def real_time_verdict(log: Path, since: float) -> str:
+    """Return the node's last real-time warning after ``since`` (wall seconds; ``control.real_time``), or 'ok'."""
+    last = "ok (no warning logged)"
+    for line in log.read_text(errors="replace").splitlines():
+        match = LOG_LINE.search(line)
+        if match and float(match.group(1)) >= since and REAL_TIME_WARNING.search(match.group(2)):
+            last = match.group(2)
+    return last
+
+
 def scheduler_column(seconds: list[float], threshold: float, duration: float) -> dict:
     """Figures of the scheduler fed these chunk latencies on a simulated clock."""
     sim = simulate(seconds, RATE_HZ, HORIZON, threshold, duration)
@@ -172,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         files = [str(package_config(n)) for n in ("default.yaml", "so101.yaml", "demo.yaml")]
         files.append(str(work / "overrides.yaml"))
         result = drive(files, args, work / "node.log")
-        result["holds_by_reason"] = holds_by_reason(work / "node.log", result.pop("started_wall"))
+        result["holds_by_reason"] = holds_by_reason(work / "node.log", result["started_wall"])
+        result["real_time"] = real_time_verdict(work / "node.log", result.pop("started_wall"))
     lat = result["latencies_s"]
     result["chunk_p50_ms"] = 1e3 * float(np.median(lat)) if lat else None
     result["chunk_p95_ms"] = 1e3 * float(np.percentile(lat, 95)) if lat else None
