@@ -63,8 +63,8 @@ def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: b
         limit = longest_latency(rate, horizon)
         reach = f"keep up with {limit * 1e3:.0f} ms at most" if limit > 0 else "keep up with no latency"
         return RealTimeVerdict(WARN, f"too slow for real time: {took}, and {horizon} actions at {rate:g} Hz {reach}: "
-                               "the robot holds between chunks whatever chunking.refill_threshold; a faster policy "
-                               "(dtype int8, compile, more cores, a GPU) or a longer chunk keeps it fed", None)
+                               "the robot holds between chunks whatever chunking.refill_threshold; only a faster "
+                               "policy or a longer chunk keeps it fed", None)
     if threshold < needed - 1e-9:
         return RealTimeVerdict(WARN, f"chunking.refill_threshold {threshold:g} is too low: {took}, the robot holds "
                                f"between chunks; set it to {_up(needed):.2f} or more", needed)
