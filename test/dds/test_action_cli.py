@@ -165,10 +165,11 @@ def test_ctrl_c_of_send_goal_cancels_the_goal_and_the_node_holds(system):
     goal.process.send_signal(signal.SIGINT)
     output = goal.finish(30.0)
     # The verb sends the cancel request; at ros2cli 0.36.1 (tools/ros2cli) rclpy's SIGINT handler has
-    # already shut its context down, so it never sees the answer (ros2/rclpy#1390, fixed after by
-    # ros2/ros2cli#956): the node's own log says how the goal ended.
+    # already shut its context down, so it seldom sees the answer (ros2/rclpy#1390, fixed after by
+    # ros2/ros2cli#956): it ends with 'Goal canceled.', 'Exception while canceling goal: None', or nothing
+    # (ros2cli exits silently on ExternalShutdownException). The node's own log says how the goal ended.
     assert 'Canceling goal...' in output, output
-    assert 'Goal canceled.' in output or 'Exception while canceling goal: None' in output, output
+    assert 'Failed to cancel goal' not in output and 'incorrect goal ID' not in output, output
     ended = lambda: '\n'.join(node.lines[logged:])  # noqa: E731
     assert wait_until(lambda: "goal '" + other_task(task) + "' ended: cancelled: holding" in ended(), 10.0), ended()
     assert 'holding: task ended: run_instruction goal cancelled' in ended(), ended()

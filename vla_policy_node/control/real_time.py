@@ -8,8 +8,8 @@ left. Two conditions follow (``n`` plus one tick for the wait before a request a
 actions left at the request, ``refill_threshold * horizon``, must last ``n`` ticks, and so must
 the ``horizon - n`` a new chunk brings, or the next request starts from too few. Past
 ``horizon / 2`` no threshold helps (at 30 Hz with 50-action chunks: above 0.8 s); only a faster
-policy or a longer chunk does. The node reports the verdict on /diagnostics (``real time``) and
-``bench.schedule`` checks the rule against the scheduler itself.
+policy or a longer chunk does. The node reports the verdict on /diagnostics (``real time``);
+``test/control/test_real_time.py`` holds it to the scheduler itself, run by ``bench.schedule``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int, margin_
 
 
 def longest_latency(rate_hz: float, horizon: int, margin_ticks: int = MARGIN_TICKS) -> float:
-    """Return the longest chunk latency (s) some ``refill_threshold`` keeps up with (< 0: none)."""
+    """Return the longest chunk latency (s) some ``refill_threshold`` keeps up with (<= 0: none)."""
     return (horizon // 2 - margin_ticks) / rate_hz
 
 
