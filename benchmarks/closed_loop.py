@@ -46,7 +46,6 @@ from vla_policy_node.control.real_time import refill_threshold_for
 from vla_policy_node.ros.sim.evaluation import package_config
 
 RATE_HZ, HORIZON = 30.0, 50
-HOLD_LINE = re.compile(r"\[WARN\] \[(\d+\.\d+)\] \[[^\]]*vla_policy_node\]: holding: (.*)")
 LOG_LINE = re.compile(r"\[WARN\] \[(\d+\.\d+)\] \[[^\]]*vla_policy_node\]: (.*)")
 REAL_TIME_WARNING = re.compile(r"^(too slow for real time|chunking\.refill_threshold \S+ is too low)")
 COUNTERS = ("control_ticks", "starved_ticks", "waiting_ticks", "chunks_received", "holds_published",
@@ -132,9 +131,9 @@ def holds_by_reason(log: Path, since: float) -> dict[str, int]:
     """Count the node's 'holding: REASON' log lines after ``since`` (wall seconds), by reason."""
     reasons = Counter()
     for line in log.read_text(errors="replace").splitlines():
-        match = HOLD_LINE.search(line)
-        if match and float(match.group(1)) >= since:
-            reasons[re.sub(r"\d+(\.\d+)?", "N", match.group(2))[:120]] += 1
+        match = LOG_LINE.search(line)
+        if match and float(match.group(1)) >= since and match.group(2).startswith("holding: "):
+            reasons[re.sub(r"\d+(\.\d+)?", "N", match.group(2).removeprefix("holding: "))[:120]] += 1
     return dict(reasons)
 
 
