@@ -148,8 +148,8 @@ def real_time_verdict(log: Path, since: float) -> str:
 
 
 def scheduler_column(seconds: list[float], threshold: float, duration: float) -> dict:
-    """Figures of the scheduler fed these chunk latencies on a simulated clock."""
-    sim = simulate(seconds, RATE_HZ, HORIZON, threshold, duration)
+    """Figures of the scheduler fed these chunk latencies on a simulated clock (refill from latency, as the node)."""
+    sim = simulate(seconds, RATE_HZ, HORIZON, threshold, duration, refill_from_latency=True)
     return {"starved_ticks": sim["starved_ticks"], "waiting_ticks": sim["waiting_ticks"], "ticks": sim["ticks"],
             "chunks_received": sim["chunks_received"], "p50_ms": 1e3 * float(np.median(seconds)),
             "p95_ms": 1e3 * float(np.percentile(seconds, 95)),

@@ -305,7 +305,8 @@ def run_sequence(operations, blend, points, max_action_age, tracking, controller
         LoopSettings(JOINTS, CAMERAS, RATE, scaled_limits(1.0, ENVELOPE.max_step, tracking),
                      max_observation_age=0.5, max_action_age=max_action_age, plan_points=points,
                      first_point_joints=first_point),
-        SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend), inference, checker.sink,
+        SchedulerConfig(control_rate_hz=RATE, horizon=4, blend=blend, refill_from_latency=True),  # the node's default
+        inference, checker.sink,
         wall_clock=lambda: wall[0], on_chunk_ready=lambda: ready.append(True))
     checker.loop = loop
     last_good: np.ndarray | None = None

@@ -306,8 +306,8 @@ def test_diagnostics_say_whether_the_measured_latency_keeps_the_robot_fed(system
     p95 = float(policy['total_latency_p95_ms']) / 1e3
     needed = refill_threshold_for(p95, CONFIG['control_rate_hz'], CONFIG['tiny_model']['chunk_size'])
     assert verdict['refill_threshold_needed'] == ('n/a' if needed is None else f'{needed:.4g}'), (verdict, policy)
-    fed = needed is not None and needed <= CONFIG['chunking']['refill_threshold']
-    assert verdict['level'] == ('0' if fed else '1'), verdict
+    assert CONFIG['chunking']['refill_from_latency'], 'the threshold follows the latency: only too slow warns'
+    assert verdict['level'] == ('0' if needed is not None else '1'), verdict
 
 
 def test_a_refill_threshold_too_low_for_the_latency_warns_and_the_robot_does_starve(tmp_path):
@@ -319,7 +319,7 @@ def test_a_refill_threshold_too_low_for_the_latency_warns_and_the_robot_does_sta
     override = tmp_path / 'late.yaml'
     override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
         'control_rate_hz': 100.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32, 'num_steps': 20},
-        'chunking': {'refill_threshold': 0.0}}}}))
+        'chunking': {'refill_threshold': 0.0, 'refill_from_latency': False}}}}))
     with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe) as (node, probe):
         assert wait_until(lambda: probe.counter('starved_ticks') > 0, 30.0), node.output
         assert wait_until(lambda: probe.last_diagnostics.get('vla_policy_node: real time', {}).get('level') == '1',
@@ -329,6 +329,30 @@ def test_a_refill_threshold_too_low_for_the_latency_warns_and_the_robot_does_sta
         assert float(verdict['refill_threshold_needed']) > 0.0
         assert wait_until(lambda: 'chunking.refill_threshold 0 is too low' in node.output, 5.0), node.output
     assert node.output.count('chunking.refill_threshold 0 is too low') == 1, 'logged once a minute, not each period'
+
+
+def test_the_refill_from_latency_raises_a_threshold_too_low_and_the_robot_is_fed(tmp_path):
+    """
+    The same settings with the refill from latency (the default): ticks no longer starve at every chunk.
+
+    The node asks for each chunk while the actions left still cover its measured latency, and says so.
+    """
+    override = tmp_path / 'raised.yaml'
+    override.write_text(yaml.safe_dump({'/**': {'ros__parameters': {
+        'control_rate_hz': 100.0, 'num_threads': 1, 'tiny_model': {'chunk_size': 32, 'num_steps': 20},
+        'chunking': {'refill_threshold': 0.0}}}}))
+    with node_with_probe([DEFAULT_CONFIG, override], next_domain_id(), RobotProbe) as (node, probe):
+        assert wait_until(lambda: probe.counter('chunks_received') >= 10, 30.0), node.output
+        starved, chunks = probe.counter('starved_ticks'), probe.counter('chunks_received')
+        assert wait_until(lambda: probe.counter('chunks_received') >= chunks + 30, 30.0), node.output
+        more_starved, more_chunks = probe.counter('starved_ticks') - starved, probe.counter('chunks_received') - chunks
+        assert more_starved < more_chunks / 2, (more_starved, more_chunks)      # threshold 0 alone: each chunk
+        assert wait_until(lambda: 'raises' in probe.last_diagnostics.get('vla_policy_node: real time', {}).get(
+            'message', ''), 5.0), probe.last_diagnostics
+        verdict = probe.last_diagnostics['vla_policy_node: real time']
+        assert verdict['level'] == '0' and verdict['message'].startswith('chunks take '), verdict
+        assert 'chunking.refill_from_latency raises chunking.refill_threshold 0 to ' in verdict['message'], verdict
+    assert 'is too low' not in node.output
 
 
 def test_sigint_publishes_hold_and_exits_zero(system):

@@ -20,7 +20,7 @@ from vla_policy_node.control.chunking import ChunkScheduler, SchedulerConfig
 
 
 def simulate(latencies_s: Sequence[float], rate_hz: float, horizon: int, refill_threshold: float,
-             duration_s: float, seed: int = 0) -> dict:
+             duration_s: float, seed: int = 0, refill_from_latency: bool = False) -> dict:
     """
     Run ``duration_s`` of control ticks; each chunk's latency is drawn from ``latencies_s``.
 
@@ -31,7 +31,8 @@ def simulate(latencies_s: Sequence[float], rate_hz: float, horizon: int, refill_
         raise ValueError("latencies_s must be a non-empty list of positive seconds")
     rng = np.random.default_rng(seed)
     scheduler = ChunkScheduler(SchedulerConfig(control_rate_hz=rate_hz, horizon=horizon,
-                                               refill_threshold=refill_threshold))
+                                               refill_threshold=refill_threshold,
+                                               refill_from_latency=refill_from_latency))
     chunk = np.zeros((horizon, 1))
     pending, arrival, drawn = None, 0.0, []
     ticks = int(round(duration_s * rate_hz))

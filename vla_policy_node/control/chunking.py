@@ -15,6 +15,12 @@ rate)``, clamped to the steps the robot actually executed meanwhile (a starved o
 stalled robot has not moved on). The first chunk of an episode is not counted in the
 delay estimate (start-up latency is not steady-state delay).
 
+Refill: the next chunk is asked for when ``refill_threshold * horizon`` actions are left; with
+``refill_from_latency`` no later than with the actions the measured latency overdues plus
+``REFILL_MARGIN_TICKS`` left (the latest ``delay_window`` steady-state chunks, across episodes:
+the latency belongs to the policy and the machine, not to the episode), so a slow policy does
+not starve the robot for want of a setting. It only ever asks earlier than the threshold.
+
 Every planned action carries the time of the observation it was computed from (the oldest
 one, where chunks are blended), so the loop can refuse actions whose observation is too old.
 
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BLEND_MODES = ("latest", "weighted", "temporal_ensemble", "rtc")
+REFILL_MARGIN_TICKS = 1  # the tick a request may wait for, and jitter
 RTC_GUIDANCE = ("paper", "lerobot")
 
 
@@ -48,6 +55,7 @@ class SchedulerConfig:
     control_rate_hz: float
     horizon: int  # actions used per chunk (its first `horizon` rows)
     refill_threshold: float = 0.5  # request when actions left <= threshold * horizon
+    refill_from_latency: bool = False  # ... or <= the measured delay + REFILL_MARGIN_TICKS, whichever is more
     blend: str = "latest"  # one of BLEND_MODES
     blend_weight: float = 0.5  # weighted: weight of the new chunk over the overlap
     ensemble_decay: float = 0.1  # temporal_ensemble: m in exp(-m * i), i = 0 oldest
@@ -131,6 +139,8 @@ class ChunkScheduler:
         # A new loop (a lifecycle re-activation) has a new scheduler whose ids start at 0 again:
         # a late answer to the old one's request (0, 0) must not pass for this one's.
         self._issuer = object()
+        # Steady-state latencies of the whole run (the refill's); the episode's own feed the delay.
+        self._run_latencies: deque[float] = deque(maxlen=config.delay_window)
         self._stats = dict.fromkeys(
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
@@ -180,15 +190,23 @@ class ChunkScheduler:
         return max(0, math.ceil(max(self._latencies) * self.measured_rate_hz - 1e-9))
 
     @property
+    def refill_at(self) -> int:
+        """Actions left at which the next chunk is asked for (see the module docstring)."""
+        at = math.floor(self.config.refill_threshold * self.config.horizon)
+        if self.config.refill_from_latency and self._run_latencies:
+            delay = max(0, math.ceil(max(self._run_latencies) * self.measured_rate_hz - 1e-9))
+            at = max(at, delay + REFILL_MARGIN_TICKS)
+        return at
+
+    @property
     def in_flight(self) -> bool:
         """Whether a request waits for its chunk."""
         return self._pending is not None
 
     # ------------------------------------------------------------ requests
     def needs_chunk(self) -> bool:
-        """Tell whether to request now: nothing in flight and actions left at or below the threshold."""
-        threshold = self.config.refill_threshold * self.config.horizon
-        return self._pending is None and self.actions_left <= threshold
+        """Tell whether to request now: nothing in flight and no more than ``refill_at`` actions left."""
+        return self._pending is None and self.actions_left <= self.refill_at
 
     def begin_request(self, now: float, oldest_input: float | None = None) -> ChunkRequest:
         """
@@ -246,6 +264,7 @@ class ChunkScheduler:
         latency = now - request.obs_time
         if not self._pending_is_startup:
             self._latencies.append(latency)
+            self._run_latencies.append(latency)
         elapsed = max(0, round(latency * self.measured_rate_hz))
         skip = min(elapsed, self._step - request.step, self.config.horizon)
         self._stats["chunks_received"] += 1

@@ -8,7 +8,9 @@ left. Two conditions follow (``n`` plus one tick for the wait before a request a
 actions left at the request, ``refill_threshold * horizon``, must last ``n`` ticks, and so must
 the ``horizon - n`` a new chunk brings, or the next request starts from too few. Past
 ``horizon / 2`` no threshold helps (at 30 Hz with 50-action chunks: above 0.8 s); only a faster
-policy or a longer chunk does. The node reports the verdict on /diagnostics (``real time``);
+policy or a longer chunk does. With ``refill_from_latency`` the scheduler raises the threshold to
+what its own measured latency needs, so only "too slow" remains. The node reports the verdict on
+/diagnostics (``real time``);
 ``test/control/test_real_time.py`` holds it to the scheduler itself, run by ``bench.schedule``.
 """
 
@@ -18,10 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from vla_policy_node.control.chunking import SchedulerConfig
+from vla_policy_node.control.chunking import REFILL_MARGIN_TICKS as MARGIN_TICKS, SchedulerConfig
 from vla_policy_node.control.health import OK, WARN
-
-MARGIN_TICKS = 1        # the tick a request may wait for, and jitter
 
 
 def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int, margin_ticks: int = MARGIN_TICKS
@@ -65,9 +65,13 @@ def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: b
         return RealTimeVerdict(WARN, f"too slow for real time: {took}, and {horizon} actions at {rate:g} Hz {reach}: "
                                "the robot holds between chunks whatever chunking.refill_threshold; only a faster "
                                "policy or a longer chunk keeps it fed", None)
+    if threshold < needed - 1e-9 and config.refill_from_latency:
+        return RealTimeVerdict(OK, f"{took}: chunking.refill_from_latency raises chunking.refill_threshold "
+                               f"{threshold:g} to {_up(needed):.2f}, which keeps the robot fed", needed)
     if threshold < needed - 1e-9:
         return RealTimeVerdict(WARN, f"chunking.refill_threshold {threshold:g} is too low: {took}, the robot holds "
-                               f"between chunks; set it to {_up(needed):.2f} or more", needed)
+                               f"between chunks; set it to {_up(needed):.2f} or more, or "
+                               "chunking.refill_from_latency true", needed)
     return RealTimeVerdict(OK, f"{took}: chunking.refill_threshold {threshold:g} keeps the robot fed "
                            f"(it needs {_up(needed):.2f})", needed)
 

@@ -197,6 +197,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               '0 uses the whole chunk.', bounds=(0, 256)),
     ParamSpec('chunking.refill_threshold', 0.5, 'Request the next chunk when this fraction of '
               'the horizon is left.', bounds=(0.0, 1.0)),
+    ParamSpec('chunking.refill_from_latency', True, 'Ask for the next chunk no later than when the '
+              'actions left just cover the measured chunk latency (plus a tick), whatever refill_threshold: '
+              'a slow policy then keeps the robot fed where any threshold could. Never asks later.'),
     ParamSpec('chunking.blend', 'latest', 'How a new chunk joins the queued actions.',
               choices=BLEND_MODES),
     ParamSpec('chunking.blend_weight', 0.5, 'Weight of the new chunk for blend=weighted.',

@@ -329,7 +329,8 @@ def _scheduler(values: Mapping[str, Any]) -> SchedulerConfig:
     """Return the chunking.* values as the scheduler's config; horizon 1 stands for 0 (the policy's) until known."""
     return SchedulerConfig(
         control_rate_hz=values['control_rate_hz'], horizon=values['chunking.horizon'] or 1,
-        refill_threshold=values['chunking.refill_threshold'], blend=values['chunking.blend'],
+        refill_threshold=values['chunking.refill_threshold'],
+        refill_from_latency=values['chunking.refill_from_latency'], blend=values['chunking.blend'],
         blend_weight=values['chunking.blend_weight'], ensemble_decay=values['chunking.ensemble_decay'],
         rtc_max_guidance_weight=values['chunking.rtc_max_guidance_weight'],
         rtc_guidance=values['chunking.rtc_guidance'], execution_horizon=values['chunking.execution_horizon'])
