@@ -154,7 +154,7 @@ test: install
 	exit $$status
 
 lint: install
-	$(PYTHON) -m pytest test/test_flake8.py test/test_pep257.py -q
+	$(PYTHON) -m pytest test/tools/test_flake8.py test/tools/test_pep257.py -q
 
 # On a CUDA machine (under 5 minutes): the CUDA tests, SmolVLA f32/bf16 with and without CUDA
 # graphs, pi0 bf16 with 1 and 3 cameras, and one table of the GPU goals; stops at once without CUDA.
