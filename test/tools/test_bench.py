@@ -10,6 +10,7 @@ import yaml
 from benchmarks import matrix
 from vla_policy_node.bench import checkpoints, cli, lerobot_compare
 from vla_policy_node.loading import load_policy
+from vla_policy_node.model import int8_linear
 
 ARGS = ["tiny", "--iters", "2", "--warmup", "1", "--naive-iters", "1", "--threads", "1"]
 
@@ -46,6 +47,20 @@ def test_bench_json_structure_without_lerobot(tmp_path, monkeypatch, capsys):
     assert len(r["stages"]["total"]["seconds"]) == 2
     table = capsys.readouterr().out
     assert "denoise step (each)" in table and "LeRobot: not measured" in table
+
+
+@pytest.mark.skipif(not int8_linear.available(), reason="this torch has no x86 quantized engine")
+def test_bench_int8_reports_its_distance_to_the_int8_matmul_peak(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "LEROBOT_PYTHON", tmp_path / "no-venv" / "python")
+    flops = run_bench(tmp_path, "--dtype", "int8", "--naive-iters", "0")["flops"]
+    peak = flops["int8_peak"]
+    assert peak["peak"] == max(peak["x86"], peak.get("onednn", 0.0)) > 0 and peak["threads"] == 1
+    assert ("bfloat16" in peak) == int8_linear.native_bfloat16()
+    assert flops["ours_fraction_of_int8_peak"] == pytest.approx(flops["ours_fraction"] * flops["peak_gflops"]
+                                                                / peak["peak"])
+    assert 0 < flops["ours_fraction_of_int8_peak"] < 1
+    assert "% of the int8 peak" in capsys.readouterr().out
+    assert torch.backends.quantized.engine == int8_linear.ENGINE      # the model's engine is left in place
 
 
 @pytest.mark.slow

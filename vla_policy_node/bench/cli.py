@@ -13,7 +13,8 @@ One run measures, after warm-up and on the same weights and inputs:
   each block after an idle pause, so that machine drift cancels and neither process
   runs while the other's threads still spin; and the largest action difference at
   equal noise;
-- the matmul FLOPs per chunk and the fraction of the CPU's measured float32 peak each side reaches.
+- the matmul FLOPs per chunk and the fraction of the CPU's measured float32 peak each side reaches
+  (with ``--dtype int8`` also of its int8 matmul peak).
 
 Named configurations (``tiny``, ``smolvla``, ``pi0``) are random-weight models saved as
 LeRobot checkpoints in a temporary folder (see ``checkpoints``); ``--checkpoint``
@@ -42,9 +43,9 @@ from vla_policy_node.bench import checkpoints, memory
 from vla_policy_node.bench.lerobot_compare import (LEROBOT_PYTHON, LeRobotWorker, lerobot_memory_blocker,
                                                    lerobot_pi_blocker, worker_inputs)
 from vla_policy_node.bench.measure import (STAGES, StepTimer, available_memory_bytes, chunk_flops, cpu_model,
-                                           make_observation, naive_ratio, peak_float32_flops, peak_rss_mib,
-                                           prefix_length, progress, reset_peak_rss, rss_mib, settle, step_bytes,
-                                           summarize, tensor_bytes)
+                                           make_observation, naive_ratio, peak_float32_flops, peak_int8_ops,
+                                           peak_rss_mib, prefix_length, progress, reset_peak_rss, rss_mib, settle,
+                                           step_bytes, summarize, tensor_bytes)
 from vla_policy_node.bench.report import dds_table, table
 from vla_policy_node.loading import load_policy
 from vla_policy_node.loading.checkpoint import CheckpointError, checkpoint_dir
@@ -165,10 +166,14 @@ def flop_rates(policy, inputs, noise: torch.Tensor, stages: dict, lerobot: dict,
     """Count the matmul FLOPs per chunk and the fraction of the float32 peak ours and LeRobot's chunks reach."""
     flops = chunk_flops(policy, inputs, noise)
     result = {"gflops": {k: v / 1e9 for k, v in flops.items()}, "peak_gflops": peak["peak"] / 1e9,
-              "peak_measured": {k: v / 1e9 if k in ("mkl", "onednn_packed", "peak") else v for k, v in peak.items()},
+              "peak_measured": {k: v / 1e9 if k in ("mkl", "onednn_packed", "peak") else v for k, v in peak.items()
+                                if k != "int8"},
               "ours_fraction": flops["chunk"] / (stages["total"]["median_ms"] / 1e3) / peak["peak"]}
     if "median_ms" in lerobot:
         result["lerobot_fraction"] = flops["chunk"] / (lerobot["median_ms"] / 1e3) / peak["peak"]
+    if "int8" in peak:          # the rates an int8 chunk could reach: its distance to this CPU's limit
+        result["int8_peak"] = {k: v if k == "threads" else v / 1e9 for k, v in peak["int8"].items()}
+        result["ours_fraction_of_int8_peak"] = result["ours_fraction"] * peak["peak"] / peak["int8"]["peak"]
     return result
 
 
@@ -178,6 +183,9 @@ def run(args: argparse.Namespace, folder: Path, work: Path, saved: Optional[dict
     peak = peak_float32_flops() if args.device == "cpu" else None      # before anything else loads the CPU
     if peak:
         progress(f"float32 matmul peak {peak['peak'] / 1e9:.0f} GFLOP/s with {peak['threads']} thread(s)")
+    if peak and args.dtype == "int8":
+        peak["int8"] = peak_int8_ops()
+        progress(f"int8 matmul peak {peak['int8']['peak'] / 1e9:.0f} GOPS")
     peak_since_load = reset_peak_rss()
     t_load = time.perf_counter()
     policy = load_policy(folder, device=args.device, dtype=args.dtype, pack_weights=not args.no_pack)

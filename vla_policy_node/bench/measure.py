@@ -9,6 +9,7 @@ LeRobot or of the report.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -23,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
-from vla_policy_node.model import packed_linear
+from vla_policy_node.model import int8_linear, packed_linear
 from vla_policy_node.model.blocks import copies_hidden, packing_targets
 from vla_policy_node.runtime.policy import Policy
 from vla_policy_node.model.prefix_cache import VLAPrefixCache
@@ -289,6 +290,37 @@ def peak_float32_flops(size: int = 2048, iters: int = 10) -> dict[str, float]:
         best = min(_timed(fn) for _ in range(iters))
         rates[name] = 2.0 * size * size * 4 * size / best
     return {**rates, "peak": max(rates.values()), "threads": torch.get_num_threads(), "size": size}
+
+
+def peak_int8_ops(size: int = 2048, iters: int = 10) -> dict[str, float]:
+    """
+    Measure the rates a ``dtype: int8`` chunk could reach at torch's thread count: the int8 linears' and bfloat16's.
+
+    The same (n, 4n) x (4n, n) product as ``peak_float32_flops`` through the dynamic int8 matmul
+    the model runs (``int8_linear``: fbgemm, activations quantized per call) and through
+    oneDNN's, whichever is faster, in ops per second; and the bfloat16 product (the vision
+    attention's) where the CPU multiplies bfloat16 natively.
+    """
+    x = torch.randn(size, 4 * size)
+    w = torch.randn(size, 4 * size)
+    engine, rates = torch.backends.quantized.engine, {}
+    try:
+        for name in ("x86", "onednn"):
+            if name in torch.backends.quantized.supported_engines:
+                torch.backends.quantized.engine = name
+                packed = int8_linear.prepack(w)
+                fn = functools.partial(torch.ops.quantized.linear_dynamic, x, packed)
+                fn()
+                rates[name] = 2.0 * size * size * 4 * size / min(_timed(fn) for _ in range(iters))
+    finally:
+        torch.backends.quantized.engine = engine
+    result = {**rates, "peak": max(rates.values(), default=0.0), "threads": torch.get_num_threads()}
+    if int8_linear.native_bfloat16():
+        xb, wb = x.bfloat16(), w.bfloat16()
+        torch.mm(xb, wb.t())
+        result["bfloat16"] = 2.0 * size * size * 4 * size / min(_timed(lambda: torch.mm(xb, wb.t()))
+                                                                for _ in range(iters))
+    return result
 
 
 def _timed(fn: Callable[[], Any]) -> float:

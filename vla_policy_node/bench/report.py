@@ -69,6 +69,11 @@ def table(result: dict) -> str:
                      f"{c['num_steps']} x {fl['gflops']['step']:.2f} G); float32 peak {fl['peak_gflops']:.0f} GFLOP/s "
                      f"({pk['threads']} threads, best matmul) -> ours {100 * fl['ours_fraction']:.1f}% of it"
                      + (f", LeRobot {100 * fl['lerobot_fraction']:.1f}%" if "lerobot_fraction" in fl else ""))
+        if "int8_peak" in fl:
+            ip = fl["int8_peak"]
+            lines.append(f"int8 matmul peak {ip['peak']:.0f} GOPS (the faster of fbgemm and oneDNN)"
+                         + (f", bfloat16 {ip['bfloat16']:.0f} GFLOP/s" if "bfloat16" in ip else "")
+                         + f" -> ours {100 * fl['ours_fraction_of_int8_peak']:.1f}% of the int8 peak")
     lr = result["lerobot"]
     if lr.get("available") and "speedup" in lr:
         lines.append(f"LeRobot {lr['torch']} predict_action_chunk (float32): median {lr['median_ms']:.1f} ms, "
