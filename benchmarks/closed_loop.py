@@ -59,7 +59,8 @@ def node_overrides(path: Path, checkpoint: Path, args: argparse.Namespace) -> No
         "compile": args.compile, "trace": not args.no_trace, "camera_names": ["cam0"], "control_rate_hz": RATE_HZ,
         "diagnostics_period": 0.5,
         "policy_deadline": 10.0, "max_observation_age": args.max_observation_age,
-        "chunking": {"horizon": HORIZON, "refill_threshold": args.refill_threshold, "blend": args.blend},
+        "chunking": {"horizon": HORIZON, "refill_threshold": args.refill_threshold,
+                     "refill_from_latency": args.refill_from_latency, "blend": args.blend},
         "limits": {"max_tracking_error": [0.0] * 6},
     }}}
     path.write_text(json.dumps(params))
@@ -147,9 +148,9 @@ def real_time_verdict(log: Path, since: float) -> str:
     return last
 
 
-def scheduler_column(seconds: list[float], threshold: float, duration: float) -> dict:
-    """Figures of the scheduler fed these chunk latencies on a simulated clock (refill from latency, as the node)."""
-    sim = simulate(seconds, RATE_HZ, HORIZON, threshold, duration, refill_from_latency=True)
+def scheduler_column(seconds: list[float], threshold: float, duration: float, from_latency: bool) -> dict:
+    """Figures of the scheduler fed these chunk latencies on a simulated clock, refilling as the node did."""
+    sim = simulate(seconds, RATE_HZ, HORIZON, threshold, duration, refill_from_latency=from_latency)
     return {"starved_ticks": sim["starved_ticks"], "waiting_ticks": sim["waiting_ticks"], "ticks": sim["ticks"],
             "chunks_received": sim["chunks_received"], "p50_ms": 1e3 * float(np.median(seconds)),
             "p95_ms": 1e3 * float(np.percentile(seconds, 95)),
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=60.0, help="s of the episode measured")
     p.add_argument("--refill-threshold", type=float, default=1.0,
                    help="chunking.refill_threshold (1.0: request as soon as a chunk arrives)")
+    p.add_argument("--refill-from-latency", action=argparse.BooleanOptionalAction, default=True,
+                   help="chunking.refill_from_latency (the node's default: on)")
     p.add_argument("--blend", default="latest", help="chunking.blend")
     p.add_argument("--max-observation-age", type=float, default=10.0,
                    help="s; chunks arriving later than this after their observation are refused (hold: policy stale)")
@@ -191,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     result["chunk_p95_ms"] = 1e3 * float(np.percentile(lat, 95)) if lat else None
     result["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     if lat:
-        result["ours_scheduler_simulation"] = scheduler_column(lat, args.refill_threshold, args.duration)
+        result["ours_scheduler_simulation"] = scheduler_column(lat, args.refill_threshold, args.duration,
+                                                               args.refill_from_latency)
     if args.lerobot_json:
         seconds = json.loads(args.lerobot_json.read_text())["lerobot"]["seconds"]
-        result["lerobot_scheduler_simulation"] = scheduler_column(seconds, args.refill_threshold, args.duration)
+        result["lerobot_scheduler_simulation"] = scheduler_column(seconds, args.refill_threshold, args.duration,
+                                                                  args.refill_from_latency)
     publish(result, args.json)
     return 0
 
