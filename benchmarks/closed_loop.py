@@ -47,7 +47,8 @@ from vla_policy_node.ros.sim.evaluation import package_config
 
 RATE_HZ, HORIZON = 30.0, 50
 LOG_LINE = re.compile(r"\[WARN\] \[(\d+\.\d+)\] \[[^\]]*vla_policy_node\]: (.*)")
-REAL_TIME_WARNING = re.compile(r"^(too slow for real time|chunking\.refill_threshold \S+ is too low)")
+REAL_TIME_WARNING = re.compile(
+    r"^(too slow for real time|chunking\.refill_threshold \S+ is too low|chunking\.refill_from_latency asks)")
 COUNTERS = ("control_ticks", "starved_ticks", "waiting_ticks", "chunks_received", "holds_published",
             "actions_skipped")
 

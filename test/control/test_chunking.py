@@ -180,19 +180,30 @@ def test_measured_rate_and_delay_estimate():
 def test_the_refill_from_latency_asks_earlier_once_a_steady_latency_is_measured_and_never_later(auto):
     sched = ChunkScheduler(SchedulerConfig(10.0, horizon=20, refill_threshold=0.1, refill_from_latency=auto))
     assert sched.refill_at == 2                                        # floor(0.1 * 20)
-    assert sched.submit_chunk(sched.begin_request(0.0), np.zeros((20, 1)), now=3.0)   # start-up: not counted
-    assert sched.refill_at == 2
+    assert sched.submit_chunk(sched.begin_request(0.0), np.zeros((20, 1)), now=3.0)   # start-up: 30 ticks
+    assert sched.refill_at == (31 if auto else 2)                     # only until a steady latency is measured
     request = sched.begin_request(3.0)
     assert sched.submit_chunk(request, np.zeros((20, 1)), now=3.45)  # 0.45 s at 10 Hz: 5 ticks overdue
-    assert sched.refill_at == (6 if auto else 2)                     # the 5 plus a tick of margin
-    for now in np.arange(3.5, 4.95, 0.1):                              # 15 of the 20 - 5 kept actions
-        assert (sched.next_action(now) is not None) and sched.needs_chunk() == (sched.actions_left <= sched.refill_at)
+    asked_at = None
+    for k in range(19):                                                # all but the last of its 20 actions
+        assert sched.next_action(3.5 + k / 10) is not None
+        if asked_at is None and sched.needs_chunk():
+            asked_at = sched.actions_left
+    assert asked_at == (6 if auto else 2)                             # the 5 ticks plus a tick of margin
     sched.reset()                                                      # the latency belongs to the policy
     assert sched.refill_at == (6 if auto else 2)
     high = ChunkScheduler(SchedulerConfig(10.0, horizon=20, refill_threshold=0.9, refill_from_latency=auto))
     high.submit_chunk(high.begin_request(0.0), np.zeros((20, 1)), now=3.0)
     high.submit_chunk(high.begin_request(3.0), np.zeros((20, 1)), now=3.45)
     assert high.refill_at == 18                                        # never later than the threshold
+
+
+def test_a_chunk_that_costs_no_time_leaves_the_refill_at_the_threshold():
+    """Lockstep: the simulator's clock waits for each chunk, so the refill from latency must not move the request."""
+    sched = ChunkScheduler(SchedulerConfig(10.0, horizon=4, refill_threshold=0.0, refill_from_latency=True))
+    for now in (0.0, 0.0, 0.4):
+        assert sched.submit_chunk(sched.begin_request(now), np.zeros((4, 1)), now=now)
+    assert sched.refill_at == 0
 
 
 # ---------------------------------------------------------------- blending, hand-computed

@@ -93,7 +93,8 @@ def test_sixteen_queued_4096_frames_stay_within_the_budget_and_their_memory_retu
     assert server.stop(5.0)
     print(f'RSS before {before / MIB:.0f} MiB, with 16 queued {during / MIB:.0f} MiB, after {after / MIB:.0f} MiB')
     assert during - before >= 15 * FRAME_BYTES, 'the burst was not resident: nothing was measured'
-    assert abs(after - before) <= 0.1 * before, (before, after)
+    # One-sided: a worker that ran other tests first may return their memory too (seen: 412 -> 368 MiB).
+    assert after - before <= 0.1 * before, (before, after)
 
 
 def test_past_the_budget_the_largest_waiting_request_is_refused_first_with_the_reason():

@@ -17,9 +17,11 @@ delay estimate (start-up latency is not steady-state delay).
 
 Refill: the next chunk is asked for when ``refill_threshold * horizon`` actions are left; with
 ``refill_from_latency`` no later than with the actions the measured latency overdues plus
-``REFILL_MARGIN_TICKS`` left (the latest ``delay_window`` steady-state chunks, across episodes:
-the latency belongs to the policy and the machine, not to the episode), so a slow policy does
-not starve the robot for want of a setting. It only ever asks earlier than the threshold.
+``REFILL_MARGIN_TICKS`` left (the largest of the latest ``REFILL_WINDOW`` steady-state chunks,
+across episodes: the latency belongs to the policy and the machine, not to the episode; until
+the first is measured, the first chunk's), so a slow policy does not starve the robot for want
+of a setting. It only ever asks earlier than the threshold, counts ticks at the faster of the
+configured and the measured rate, and a chunk that costs no time (lockstep) changes nothing.
 
 Every planned action carries the time of the observation it was computed from (the oldest
 one, where chunks are blended), so the loop can refuse actions whose observation is too old.
@@ -45,6 +47,7 @@ import numpy as np
 
 BLEND_MODES = ("latest", "weighted", "temporal_ensemble", "rtc")
 REFILL_MARGIN_TICKS = 1  # the tick a request may wait for, and jitter
+REFILL_WINDOW = 32  # steady-state latencies the refill follows: a slow chunk in ten is almost always among them
 RTC_GUIDANCE = ("paper", "lerobot")
 
 
@@ -140,7 +143,8 @@ class ChunkScheduler:
         # a late answer to the old one's request (0, 0) must not pass for this one's.
         self._issuer = object()
         # Steady-state latencies of the whole run (the refill's); the episode's own feed the delay.
-        self._run_latencies: deque[float] = deque(maxlen=config.delay_window)
+        self._run_latencies: deque[float] = deque(maxlen=REFILL_WINDOW)
+        self._run_from_startup = False  # _run_latencies holds only a first chunk's latency
         self._stats = dict.fromkeys(
             (
                 "chunks_requested", "chunks_received", "chunks_discarded", "chunks_rejected",
@@ -194,8 +198,10 @@ class ChunkScheduler:
         """Actions left at which the next chunk is asked for (see the module docstring)."""
         at = math.floor(self.config.refill_threshold * self.config.horizon)
         if self.config.refill_from_latency and self._run_latencies:
-            delay = max(0, math.ceil(max(self._run_latencies) * self.measured_rate_hz - 1e-9))
-            at = max(at, delay + REFILL_MARGIN_TICKS)
+            rate = max(self.measured_rate_hz, self.config.control_rate_hz)
+            delay = math.ceil(max(self._run_latencies) * rate - 1e-9)
+            if delay > 0:
+                at = max(at, delay + REFILL_MARGIN_TICKS)
         return at
 
     @property
@@ -264,7 +270,13 @@ class ChunkScheduler:
         latency = now - request.obs_time
         if not self._pending_is_startup:
             self._latencies.append(latency)
+            if self._run_from_startup:
+                self._run_latencies.clear()
             self._run_latencies.append(latency)
+            self._run_from_startup = False
+        elif not self._run_latencies:
+            self._run_latencies.append(latency)
+            self._run_from_startup = True
         elapsed = max(0, round(latency * self.measured_rate_hz))
         skip = min(elapsed, self._step - request.step, self.config.horizon)
         self._stats["chunks_received"] += 1

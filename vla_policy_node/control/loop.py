@@ -483,9 +483,9 @@ class ControlLoop:
                 f'policy_{kind}': count for kind, count in self._faults.totals.items()}, **{
                 ('scheduler_resets' if key == 'resets' else key): value
                 for key, value in self._scheduler.stats.items()}}
-            hold, hold_level = self._state.hold_reason, self._state.hold_level
+            hold, hold_level, latency = self._state.hold_reason, self._state.hold_level, self._state.last_latency
             action_age = settings.action_age_limit(self._scheduler.config.horizon)
-            latency = self._state.last_latency
+            refill_at = self._scheduler.refill_at
         level = max([OK, faults.level] + [health.level for health in inputs])
         if hold is not None:
             level = max(level, hold_level)
@@ -493,7 +493,7 @@ class ControlLoop:
             level = max(level, WARN)
         return LoopStatus(state='commanding' if hold is None else f'holding: {hold}', level=level,
                           counters=counters, inputs=inputs, policy_faults=faults,
-                          max_action_age=action_age, last_chunk_latency=latency)
+                          max_action_age=action_age, last_chunk_latency=latency, refill_at=refill_at)
 
 
 __all__ = ['ControlLoop', 'FAULT_STALE', 'INSTRUCTION', 'JOINT_STATES', 'LoopSettings', 'Mode',

@@ -9,7 +9,8 @@ actions left at the request, ``refill_threshold * horizon``, must last ``n`` tic
 the ``horizon - n`` a new chunk brings, or the next request starts from too few. Past
 ``horizon / 2`` no threshold helps (at 30 Hz with 50-action chunks: above 0.8 s); only a faster
 policy or a longer chunk does. With ``refill_from_latency`` the scheduler raises the threshold to
-what its own measured latency needs, so only "too slow" remains. The node reports the verdict on
+what its latest latencies need; the verdict judges the refill it uses now against the p95, which
+a rare slow chunk past its window can still exceed. The node reports the verdict on
 /diagnostics (``real time``);
 ``test/control/test_real_time.py`` holds it to the scheduler itself, run by ``bench.schedule``.
 """
@@ -45,12 +46,15 @@ class RealTimeVerdict:
     needed_threshold: Optional[float]       # None: no threshold keeps the robot fed (or nothing timed yet)
 
 
-def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: bool) -> RealTimeVerdict:
+def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: bool,
+                      refill_at: Optional[int] = None) -> RealTimeVerdict:
     """
-    Judge the p95 chunk latency (s; NaN before the first chunk) against ``config``'s rate, horizon and threshold.
+    Judge the p95 chunk latency (s; NaN before the first chunk) against ``config``'s rate and horizon and the refill.
 
-    ``lockstep``: the node runs on a simulator's clock that waits for each chunk, so latency
-    costs no simulated time and cannot starve the robot.
+    ``refill_at``: the actions left at which the scheduler asks for the next chunk now
+    (``ChunkScheduler.refill_at``, which ``refill_from_latency`` raises from the latest
+    latencies); None: the threshold's. ``lockstep``: the node runs on a simulator's clock that
+    waits for each chunk, so latency costs no simulated time and cannot starve the robot.
     """
     rate, horizon, threshold = config.control_rate_hz, config.horizon, config.refill_threshold
     if lockstep:
@@ -65,13 +69,20 @@ def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: b
         return RealTimeVerdict(WARN, f"too slow for real time: {took}, and {horizon} actions at {rate:g} Hz {reach}: "
                                "the robot holds between chunks whatever chunking.refill_threshold; only a faster "
                                "policy or a longer chunk keeps it fed", None)
-    if threshold < needed - 1e-9 and config.refill_from_latency:
-        return RealTimeVerdict(OK, f"{took}: chunking.refill_from_latency raises chunking.refill_threshold "
-                               f"{threshold:g} to {_up(needed):.2f}, which keeps the robot fed", needed)
-    if threshold < needed - 1e-9:
+    fixed = math.floor(threshold * horizon)
+    at = fixed if refill_at is None else refill_at
+    setting = f"set chunking.refill_threshold to {_up(needed):.2f} or more"
+    if at < round(needed * horizon):
+        if at > fixed:
+            return RealTimeVerdict(WARN, f"chunking.refill_from_latency asks with {at} actions left, too few: {took}, "
+                                   f"the robot holds between chunks; {setting}", needed)
         return RealTimeVerdict(WARN, f"chunking.refill_threshold {threshold:g} is too low: {took}, the robot holds "
-                               f"between chunks; set it to {_up(needed):.2f} or more, or "
-                               "chunking.refill_from_latency true", needed)
+                               f"between chunks; {setting}" + ("" if config.refill_from_latency else
+                                                               ", or chunking.refill_from_latency to true"), needed)
+    if at > fixed:
+        return RealTimeVerdict(OK, f"{took}: chunking.refill_from_latency raises chunking.refill_threshold "
+                               f"{threshold:g} to {at / horizon:.2f}, which keeps the robot fed "
+                               f"(it needs {_up(needed):.2f})", needed)
     return RealTimeVerdict(OK, f"{took}: chunking.refill_threshold {threshold:g} keeps the robot fed "
                            f"(it needs {_up(needed):.2f})", needed)
 

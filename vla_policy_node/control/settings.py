@@ -76,6 +76,7 @@ class LoopStatus:
     policy_faults: FaultReport = FaultReport({})
     max_action_age: float = 0.0
     last_chunk_latency: float | None = None
+    refill_at: int | None = None        # actions left at which the next chunk is asked for now (ChunkScheduler)
 
 
 def tight_tracking(settings: LoopSettings) -> str | None:

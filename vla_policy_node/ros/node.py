@@ -105,7 +105,7 @@ def node_status(settings: NodeSettings, policy: Any, worker_stats: dict[str, Any
         device=device, counters={**worker_stats['counters'], **loop.counters, **output_counters},
         latencies=worker_stats['latencies'], inputs=loop.inputs, policy_faults=loop.policy_faults,
         max_action_age=loop.max_action_age, last_chunk_latency=loop.last_chunk_latency,
-        real_time=real_time_verdict(latency_p95, scheduler_config(settings, horizon), lockstep))
+        real_time=real_time_verdict(latency_p95, scheduler_config(settings, horizon), lockstep, loop.refill_at))
 
 
 def model_description(settings: NodeSettings, policy: Any, server: str | None = None) -> str:
