@@ -51,6 +51,11 @@ REFILL_WINDOW = 32  # steady-state latencies the refill follows: a slow chunk in
 RTC_GUIDANCE = ("paper", "lerobot")
 
 
+def refill_actions(latency_s: float, rate_hz: float) -> int:
+    """Actions that must be left when a chunk of this latency is asked for: the ticks it takes, and a margin."""
+    return math.ceil(latency_s * rate_hz - 1e-9) + REFILL_MARGIN_TICKS
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Chunk execution settings; raises ValueError on bad values."""
@@ -197,11 +202,9 @@ class ChunkScheduler:
     def refill_at(self) -> int:
         """Actions left at which the next chunk is asked for (see the module docstring)."""
         at = math.floor(self.config.refill_threshold * self.config.horizon)
-        if self.config.refill_from_latency and self._run_latencies:
-            rate = max(self.measured_rate_hz, self.config.control_rate_hz)
-            delay = math.ceil(max(self._run_latencies) * rate - 1e-9)
-            if delay > 0:
-                at = max(at, delay + REFILL_MARGIN_TICKS)
+        slowest = max(self._run_latencies, default=0.0) if self.config.refill_from_latency else 0.0
+        if slowest > 0:
+            at = max(at, refill_actions(slowest, max(self.measured_rate_hz, self.config.control_rate_hz)))
         return at
 
     @property

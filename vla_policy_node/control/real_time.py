@@ -21,20 +21,19 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from vla_policy_node.control.chunking import REFILL_MARGIN_TICKS as MARGIN_TICKS, SchedulerConfig
+from vla_policy_node.control.chunking import REFILL_MARGIN_TICKS, SchedulerConfig, refill_actions
 from vla_policy_node.control.health import OK, WARN
 
 
-def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int, margin_ticks: int = MARGIN_TICKS
-                         ) -> Optional[float]:
+def refill_threshold_for(latency_s: float, rate_hz: float, horizon: int) -> Optional[float]:
     """Return the smallest ``refill_threshold`` that keeps the robot fed at this chunk latency, or None (none does)."""
-    needed = math.ceil(latency_s * rate_hz) + margin_ticks
+    needed = refill_actions(latency_s, rate_hz)
     return None if 2 * needed > horizon else needed / horizon
 
 
-def longest_latency(rate_hz: float, horizon: int, margin_ticks: int = MARGIN_TICKS) -> float:
+def longest_latency(rate_hz: float, horizon: int) -> float:
     """Return the longest chunk latency (s) some ``refill_threshold`` keeps up with (<= 0: none)."""
-    return (horizon // 2 - margin_ticks) / rate_hz
+    return (horizon // 2 - REFILL_MARGIN_TICKS) / rate_hz
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def real_time_verdict(latency_p95_s: float, config: SchedulerConfig, lockstep: b
     fixed = math.floor(threshold * horizon)
     at = fixed if refill_at is None else refill_at
     setting = f"set chunking.refill_threshold to {_up(needed):.2f} or more"
-    if at < round(needed * horizon):
+    if at < refill_actions(latency_p95_s, rate):
         if at > fixed:
             return RealTimeVerdict(WARN, f"chunking.refill_from_latency asks with {at} actions left, too few: {took}, "
                                    f"the robot holds between chunks; {setting}", needed)
