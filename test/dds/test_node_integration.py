@@ -306,8 +306,11 @@ def test_diagnostics_say_whether_the_measured_latency_keeps_the_robot_fed(system
     p95 = float(policy['total_latency_p95_ms']) / 1e3
     needed = refill_threshold_for(p95, CONFIG['control_rate_hz'], CONFIG['tiny_model']['chunk_size'])
     assert verdict['refill_threshold_needed'] == ('n/a' if needed is None else f'{needed:.4g}'), (verdict, policy)
-    assert CONFIG['chunking']['refill_from_latency'], 'the threshold follows the latency: only too slow warns'
-    assert verdict['level'] == ('0' if needed is not None else '1'), verdict
+    if needed is None:
+        assert verdict['level'] == '1' and verdict['message'].startswith('too slow for real time'), verdict
+    elif verdict['level'] != '0':       # the refill in use (a threshold, or the latencies it follows) is too late
+        too_late = ('chunking.refill_threshold', 'chunking.refill_from_latency asks')
+        assert verdict['message'].startswith(too_late), verdict
 
 
 def test_a_refill_threshold_too_low_for_the_latency_warns_and_the_robot_does_starve(tmp_path):
